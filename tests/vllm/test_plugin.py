@@ -1,0 +1,90 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The plugin entry point and the config shim, without starting an engine."""
+
+import json
+from importlib.metadata import entry_points
+
+import pytest
+
+from vllm_echo.config import ADDITIONAL_CONFIG_KEY
+
+
+def _engine_config(model_path, spec, **kwargs):
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(model=model_path, speculative_config=spec, dtype="float32",
+                      enforce_eager=True, max_model_len=2048, **kwargs)
+    return args.create_engine_config()
+
+
+def test_entry_point_is_registered_for_vllm():
+    eps = [e for e in entry_points(group="vllm.general_plugins") if e.name == "vllm_echo"]
+    assert [e.value for e in eps] == ["vllm_echo.plugin:register"]
+
+
+def test_register_is_idempotent():
+    from vllm.engine.arg_utils import EngineArgs
+
+    import vllm_echo.plugin as plugin
+    from vllm_echo.plugin import patches
+
+    plugin.register()
+    wrapped = EngineArgs.create_speculative_config
+    plugin._registered = False  # as if a second process-level call site ran it again
+    plugin.register()
+    patches.patch_create_speculative_config()
+    assert EngineArgs.create_speculative_config is wrapped
+    assert not getattr(wrapped.__wrapped__, "_vllm_echo_patched", False)
+
+
+@pytest.mark.parametrize("method", ["logitspec", "echo"])
+def test_method_becomes_custom_class_with_settings_in_additional_config(model_path, method):
+    cfg = _engine_config(model_path, {"method": method, "num_speculative_tokens": 6,
+                                      "max_ngram": 2, "span": 10})
+    spec = cfg.speculative_config
+    assert spec.method == "custom_class"
+    assert spec.model == f"vllm_echo.plugin.proposer.{'LogitSpec' if method == 'logitspec' else 'Echo'}Proposer"
+    assert spec.num_speculative_tokens == 6
+    ours = cfg.additional_config[ADDITIONAL_CONFIG_KEY]
+    assert (ours["method"], ours["max_ngram"], ours["span"], ours["topk"]) == (method, 2, 10, 64)
+
+
+def test_user_additional_config_is_kept(model_path):
+    cfg = _engine_config(model_path, {"method": "logitspec"}, additional_config={"other": 1})
+    assert cfg.additional_config["other"] == 1
+    assert ADDITIONAL_CONFIG_KEY in cfg.additional_config
+
+
+def test_other_methods_are_untouched(model_path):
+    cfg = _engine_config(model_path, {"method": "ngram", "num_speculative_tokens": 4,
+                                      "prompt_lookup_max": 3, "prompt_lookup_min": 1})
+    assert cfg.speculative_config.method == "ngram"
+    assert ADDITIONAL_CONFIG_KEY not in (cfg.additional_config or {})
+    assert _engine_config(model_path, None).speculative_config is None
+
+
+@pytest.mark.parametrize("spec,words", [
+    ({"method": "logitspec", "budget": 3}, ["unknown key", "'budget'", "allowed"]),
+    ({"method": "logitspec", "max_ngram": 0}, ["max_ngram=0", "allowed"]),
+    ({"method": "logitspec", "span": "long"}, ["span='long'", "integer"]),
+    ({"method": "echo", "topk": 100000}, ["topk=100000", "vocabulary (49152)"]),
+    ({"method": "logitspec", "model": "x/y"}, ["'model'", "logitspec"]),
+])
+def test_bad_settings_fail_before_the_engine_starts(model_path, spec, words):
+    with pytest.raises(ValueError) as err:
+        _engine_config(model_path, spec)
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_cli_speculative_config_reaches_the_shim(model_path):
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
+    ns = parser.parse_args(["--model", model_path, "--dtype", "float32", "--max-model-len",
+                            "2048", "--speculative-config",
+                            json.dumps({"method": "logitspec", "topk": 8})])
+    cfg = AsyncEngineArgs.from_cli_args(ns).create_engine_config()
+    assert cfg.speculative_config.method == "custom_class"
+    assert cfg.additional_config[ADDITIONAL_CONFIG_KEY]["topk"] == 8

@@ -1,0 +1,24 @@
+# SPDX-License-Identifier: Apache-2.0
+"""vLLM glue: the only subpackage of vllm_echo that imports vLLM.
+
+``register`` is the ``vllm.general_plugins`` entry point. vLLM calls it in the
+front end, the engine core and every worker (Ray workers included), so it is
+idempotent, cheap (no numba compile, no CUDA) and inert unless a speculative
+config names one of our methods.
+"""
+
+from __future__ import annotations
+
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+    _registered = True
+    from vllm_echo.plugin.compat import check_vllm_version
+    from vllm_echo.plugin.patches import patch_create_speculative_config
+
+    check_vllm_version()
+    patch_create_speculative_config()

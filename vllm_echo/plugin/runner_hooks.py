@@ -1,0 +1,94 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Hooks on the model runner instance that owns our proposer.
+
+vLLM's ``custom_class`` contract gives ``propose()`` neither request ids nor
+logits. Both live on the runner: ``input_batch.req_ids`` maps batch rows to
+requests, and ``_sample`` sees the target's logits. See patches.py for the list.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any, Callable
+
+import numpy as np
+
+logger = logging.getLogger("vllm_echo")
+
+
+def find_runner() -> Any:
+    """The GPUModelRunner (or subclass, e.g. CPUModelRunner) up the call stack.
+
+    Both the GPU and the CPU runner call ``drafter.load_model(model)`` from their
+    own ``load_model``; walking frames is the only way the custom_class contract
+    lets a proposer reach its runner.
+    """
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        candidate = frame.f_locals.get("self")
+        if isinstance(candidate, GPUModelRunner):
+            return candidate
+        frame = frame.f_back
+    raise RuntimeError(
+        "vllm-echo: the proposer's load_model() was not called by a vLLM model runner; "
+        "cannot reach the batch's request ids and logits")
+
+
+class LastLogitsTopK:
+    """Top-k token ids of the logits row that produced each request's last token.
+
+    Filled by the ``_sample`` wrapper every step, read by ``propose()`` in the same
+    step (the batch order does not change in between: the runner condenses its
+    batch only at the start of the next step).
+    """
+
+    def __init__(self, k: int):
+        self.k = k
+        self.req_ids: list[str] = []
+        self.token_ids: np.ndarray | None = None  # [num_reqs, k], best first
+
+    def rows_for(self, req_ids: list[str]) -> np.ndarray | None:
+        if self.token_ids is None or self.req_ids != req_ids[: len(self.req_ids)]:
+            return None
+        return self.token_ids
+
+
+def install_sample_capture(runner: Any, sink: LastLogitsTopK,
+                           on_error: Callable[[str, BaseException], None]) -> None:
+    """Wrap ``runner._sample`` (instance attribute) to record top-k of raw logits.
+
+    Captured after the original returns: the rejection sampler works on indexed
+    copies of ``logits`` (bonus_logits / target_logits), so ``logits`` is still the
+    raw, pre-temperature tensor (post grammar bitmask). Row of request i's last
+    generated token = (bonus row - num_draft_tokens[i]) + num_generated[i] - 1.
+    """
+    import torch
+
+    if getattr(runner, "_vllm_echo_sample_wrapped", False):
+        return
+    original = runner._sample
+
+    def _sample(logits, spec_decode_metadata):
+        output = original(logits, spec_decode_metadata)
+        sink.token_ids = None
+        if logits is None or spec_decode_metadata is None:
+            return output
+        try:
+            sampled = output.sampled_token_ids
+            num_generated = (sampled != -1).sum(dim=1).clamp_(min=1)
+            num_drafts = torch.as_tensor(spec_decode_metadata.num_draft_tokens,
+                                         device=sampled.device)
+            rows = spec_decode_metadata.bonus_logits_indices - num_drafts + num_generated - 1
+            k = min(sink.k, logits.shape[-1])
+            top = torch.topk(logits[rows], k, dim=-1).indices
+            sink.token_ids = top.to(torch.int32).cpu().numpy()
+            sink.req_ids = list(runner.input_batch.req_ids[: sampled.shape[0]])
+        except Exception as exc:  # never let drafting break sampling
+            on_error("logits capture", exc)
+        return output
+
+    runner._sample = _sample
+    runner._vllm_echo_sample_wrapped = True
