@@ -32,6 +32,7 @@ class DraftStats:
     tokens_logits: int = 0
     accepted_retrieval: int = 0  # accepted draft tokens, by the draft's source
     accepted_logits: int = 0
+    peak_tracked_requests: int = 0  # most requests holding retrieval state at once
 
 
 class _RequestState:
@@ -102,6 +103,8 @@ class LogitSpecProposer:
             chain, source = self._draft(state.index, cand, max_len)
             self._count_draft(state, len(chain), source)
             drafts.append(chain.tolist())
+        self.stats.peak_tracked_requests = max(self.stats.peak_tracked_requests,
+                                               len(self._states))
         return drafts
 
     def _draft(self, index: NgramIndex, candidates: np.ndarray,

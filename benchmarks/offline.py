@@ -1,0 +1,336 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Offline comparison of speculative methods across batch sizes.
+
+    python benchmarks/offline.py                       # all methods, batch 1 8 24 64
+    python benchmarks/offline.py --methods none ngram logitspec --batch-sizes 1 8
+    python benchmarks/offline.py --spec 'ls8={"method":"logitspec","num_speculative_tokens":8}'
+    python benchmarks/offline.py --smoke               # CI: 2 prompts, batch 1, 16 tokens
+
+Every (method, batch size) runs in its own process (offline_worker.py): no engine
+state, caches or compiled kernels are shared, and a crash costs one row only.
+All configurations of one batch size get the same prompts, rendered once here with
+the model's chat template (each worker checks the rendering against ``llm.chat``).
+
+Batch size b means: max_num_seqs = b and all prompts submitted at once, with
+max(num_prompts, b) prompts so the batch starts full; with the defaults that is 24
+prompts for b <= 24 and 64 for b = 64. Throughput is output tokens over the wall
+clock of that generation (after a 1-prompt warm-up), ratios are to ``none`` of the
+same batch size in the same invocation.
+
+Writes results.json, results.md and (with matplotlib) PNG plots into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_common  # noqa: E402
+
+WORKER = Path(__file__).resolve().parent / "offline_worker.py"
+
+# name -> speculative_config (None = no speculation). Methods the installed plugin
+# rejects are reported as unavailable, so new ablations show up once they land.
+METHODS: dict[str, dict | None] = {
+    "none": None,
+    "ngram": {"method": "ngram", "num_speculative_tokens": 4,
+              "prompt_lookup_min": 1, "prompt_lookup_max": 3},
+    "ngram8": {"method": "ngram", "num_speculative_tokens": 8,
+               "prompt_lookup_min": 2, "prompt_lookup_max": 5},
+    "suffix": {"method": "suffix"},
+    "logitspec": {"method": "logitspec"},
+    "logitspec-tree": {"method": "logitspec", "tree": True},
+    "echo": {"method": "echo"},
+    "echo-dense": {"method": "echo", "gating": "dense"},
+    "echo-fixed-tau": {"method": "echo", "fixed_tau": True},
+    "echo-no-shared-budget": {"method": "echo", "shared_budget": False},
+}
+# Python packages a method needs in addition to vLLM.
+REQUIRES = {"suffix": "arctic_inference"}
+
+SMOKE = dict(num_prompts=2, batch_sizes=[1], max_tokens=16, methods=["none", "logitspec"])
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--methods", nargs="+", default=None,
+                   help=f"subset of: {' '.join(METHODS)} (plus names given with --spec)")
+    p.add_argument("--spec", action="append", default=[], metavar="NAME=JSON",
+                   help="add or override a method: NAME={speculative config JSON} or NAME=null")
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 24, 64])
+    p.add_argument("--num-prompts", type=int, default=24,
+                   help="prompts per configuration; max(this, batch size) are used")
+    p.add_argument("--dataset", default="spec_bench_question.jsonl",
+                   help="JSONL path, or a file name inside the shared data folder "
+                        "(e.g. logitspec/gsm8k_question.jsonl, echo_eagle/sum_question.jsonl)")
+    p.add_argument("--model", default=None, help="local HF folder (default: embedded model)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--kv-cache-gib", type=float, default=None,
+                   help="KV cache size (default: enough for a full batch of the longest prompt)")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per configuration")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output folder (default benchmarks/results/offline-<time>)")
+    p.add_argument("--smoke", action="store_true",
+                   help="CI: 2 prompts, batch 1, max_tokens 16, methods none and logitspec")
+    args = p.parse_args(argv)
+    if args.smoke:
+        for key, value in SMOKE.items():
+            setattr(args, key, value)
+    return args
+
+
+def method_table(args: argparse.Namespace) -> dict[str, dict | None]:
+    table = dict(METHODS)
+    for item in args.spec:
+        name, sep, raw = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--spec expects NAME=JSON, got {item!r}")
+        table[name] = json.loads(raw)
+    names = args.methods or ([*METHODS] + [s.partition("=")[0] for s in args.spec
+                                           if s.partition("=")[0] not in METHODS])
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise SystemExit(f"unknown method(s) {unknown}; known: {sorted(table)}")
+    # "none" first: every other row of a batch size is compared with it.
+    names = sorted(dict.fromkeys(names), key=lambda n: n != "none")
+    return {n: table[n] for n in names}
+
+
+def kv_bytes_per_token(model: str, dtype: str) -> int:
+    cfg = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
+    heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return 2 * cfg["num_hidden_layers"] * heads * head_dim * (4 if dtype == "float32" else 2)
+
+
+def prepare_prompts(args, model: str, count: int):
+    """Category-spread prompts that fit max_model_len, rendered to token ids."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+
+    def render(messages) -> list[int]:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    rendered: dict[int, list[int]] = {}
+
+    def fits(p) -> bool:
+        rendered[id(p)] = render(p.as_chat())
+        return len(rendered[id(p)]) + args.max_tokens <= args.max_model_len
+
+    chosen, skipped = bench_common.load_prompts_fitting(args.dataset, count, fits)
+    import offline_worker  # light module: its vLLM imports are inside functions
+
+    warm = render([{"role": "user", "content": offline_worker.WARMUP_MESSAGE}])
+    return chosen, [rendered[id(p)] for p in chosen], warm, skipped
+
+
+def run_config(job: dict, workdir: Path, name: str, timeout: float) -> dict:
+    job_path = workdir / f"{name}.job.json"
+    result_path = workdir / f"{name}.result.json"
+    log_path = workdir / f"{name}.log"
+    job_path.write_text(json.dumps(job), encoding="utf-8")
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "TOKENIZERS_PARALLELISM": "false"}
+    start = time.perf_counter()
+    with open(log_path, "w", encoding="utf-8") as log:
+        try:
+            proc = subprocess.run([sys.executable, str(WORKER), str(job_path), str(result_path)],
+                                  stdout=log, stderr=subprocess.STDOUT, env=env,
+                                  timeout=timeout, check=False)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    if result_path.is_file():
+        result = json.loads(result_path.read_text(encoding="utf-8"))
+    else:
+        tail = log_path.read_text(encoding="utf-8", errors="replace")[-1500:]
+        result = {"status": "error", "reason": f"worker exit {rc}; log tail:\n{tail}"}
+    result["process_s"] = time.perf_counter() - start
+    result["log"] = str(log_path)
+    return result
+
+
+def compare_with_none(rows: list[dict], temperature: float) -> None:
+    """Ratios and greedy identity against the `none` row of the same batch size."""
+    base = {r["batch_size"]: r for r in rows if r["method"] == "none" and r["status"] == "ok"}
+    for r in rows:
+        ref = base.get(r["batch_size"])
+        r["ratio_to_none"] = None
+        r["identical_to_none"] = None
+        if r["status"] != "ok" or ref is None:
+            continue
+        if ref["output_tokens_per_s"]:
+            r["ratio_to_none"] = r["output_tokens_per_s"] / ref["output_tokens_per_s"]
+        if temperature == 0:
+            same = sum(a == b for a, b in zip(r["token_ids"], ref["token_ids"]))
+            r["identical_to_none"] = f"{same}/{len(ref['token_ids'])}"
+
+
+def markdown(report: dict) -> str:
+    env = report["environment"]
+    head = (f"# Offline benchmark\n\nModel `{report['model']}`, dataset `{report['dataset']}`, "
+            f"{env['dtype']}, max_tokens {report['max_tokens']}, temperature "
+            f"{report['temperature']}; vLLM {env['vllm']}, {env['cpu']} ({env['cpu_count']} "
+            f"cores), device {env['device']}, commit {env['git']['commit']}"
+            f"{' (dirty)' if env['git']['dirty'] else ''}.\n\n")
+    headers = ["method", "batch", "prompts", "tok/s", "vs none", "tok/forward", "accept rate",
+               "util", "accepted per pos", "proposer share", "identical", "status"]
+    rows = []
+    for r in report["results"]:
+        spec = r.get("spec_decode") or {}
+        prop = r.get("proposer") or {}
+        status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('reason', '')}"
+        rows.append([r["method"], r["batch_size"], r.get("num_prompts"),
+                     r.get("output_tokens_per_s"), r.get("ratio_to_none"),
+                     r.get("tokens_per_forward"), spec.get("draft_acceptance_rate"),
+                     spec.get("draft_utilization"),
+                     ",".join(map(str, spec["accepted_tokens_per_position"]))
+                     if spec.get("accepted_tokens_per_position") else None,
+                     prop.get("share_of_step_time"), r.get("identical_to_none"),
+                     status.replace("\n", " ").replace("|", "/")[:200]])
+    text = head + bench_common.markdown_table(headers, rows)
+    cats = sorted({c for r in report["results"]
+                   for c in (r.get("tokens_per_forward_by_category") or {})})
+    if cats:
+        rows = [[r["method"], r["batch_size"],
+                 *[(r.get("tokens_per_forward_by_category") or {}).get(c) for c in cats]]
+                for r in report["results"] if r["status"] == "ok"]
+        text += "\n## Tokens per target forward by category\n\n"
+        text += bench_common.markdown_table(["method", "batch", *cats], rows)
+    if report.get("notes"):
+        text += "\n" + "\n".join(f"- {n}" for n in report["notes"]) + "\n"
+    return text
+
+
+def plots(report: dict, out: Path) -> list[str]:
+    plt = bench_common.try_import_pyplot()
+    if plt is None:
+        report["notes"].append("plots skipped: matplotlib is not installed")
+        return []
+    ok = [r for r in report["results"] if r["status"] == "ok"]
+    files = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for method in dict.fromkeys(r["method"] for r in ok):
+        pts = sorted((r["batch_size"], r["output_tokens_per_s"]) for r in ok
+                     if r["method"] == method)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("output tokens / s")
+    ax.set_title("Throughput vs batch size")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "throughput_vs_batch.png", dpi=120)
+    plt.close(fig)
+    files.append("throughput_vs_batch.png")
+
+    # Acceptance does not depend much on batch size; the smallest one is shown.
+    if ok:
+        batch = min(r["batch_size"] for r in ok)
+        rows = [r for r in ok if r["batch_size"] == batch]
+        cats = sorted({c for r in rows for c in r["tokens_per_forward_by_category"]})
+        fig, ax = plt.subplots(figsize=(max(7, len(cats) * 0.9), 4.5))
+        width = 0.8 / max(len(rows), 1)
+        for i, r in enumerate(rows):
+            vals = [r["tokens_per_forward_by_category"].get(c) or 0 for c in cats]
+            ax.bar([x + i * width for x in range(len(cats))], vals, width, label=r["method"])
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(cats))], cats, rotation=45,
+                      ha="right")
+        ax.set_ylabel("tokens per target forward")
+        ax.set_title(f"Tokens per forward by category (batch {batch})")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "tokens_per_forward_by_category.png", dpi=120)
+        plt.close(fig)
+        files.append("tokens_per_forward_by_category.png")
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from tqdm import tqdm
+
+    from vllm_echo.models import resolve_model
+
+    methods = method_table(args)
+    model = resolve_model(args.model)
+    out = args.out or bench_common.RESULTS_DIR / time.strftime("offline-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    logs = out / "logs"
+    logs.mkdir(exist_ok=True)
+
+    count = max([args.num_prompts, *args.batch_sizes])
+    prompts, prompt_ids, warm_ids, skipped = prepare_prompts(args, model, count)
+    if len(prompts) < min(args.num_prompts, count):
+        print(f"note: only {len(prompts)} prompts fit max_model_len", file=sys.stderr)
+
+    per_token = kv_bytes_per_token(model, args.dtype)
+    longest = max(len(p) for p in prompt_ids) + args.max_tokens
+    report: dict[str, Any] = {
+        "benchmark": "offline", "model": model, "dataset": args.dataset,
+        "max_tokens": args.max_tokens, "temperature": args.temperature,
+        "max_model_len": args.max_model_len, "batch_sizes": args.batch_sizes,
+        "methods": methods, "skipped_prompts_too_long": skipped,
+        "environment": bench_common.environment(args.dtype), "notes": [], "results": [],
+    }
+    unavailable: dict[str, str] = {}
+    for name, spec in methods.items():
+        pkg = REQUIRES.get(name) or REQUIRES.get((spec or {}).get("method", ""))
+        if pkg and importlib.util.find_spec(pkg) is None:
+            unavailable[name] = f"python package '{pkg}' is not installed"
+
+    configs = [(b, n) for b in args.batch_sizes for n in methods]
+    bar = tqdm(configs, desc="configs", unit="cfg", file=sys.stderr)
+    for batch, name in bar:
+        bar.set_postfix_str(f"{name} b={batch}")
+        n = max(args.num_prompts, batch)
+        row: dict[str, Any] = {"method": name, "batch_size": batch,
+                               "speculative_config": methods[name]}
+        if name in unavailable:
+            row.update(status="unavailable", reason=unavailable[name])
+        else:
+            kv = args.kv_cache_gib * 2**30 if args.kv_cache_gib else \
+                max(1.2 * batch * (longest + 64), args.max_model_len + 256) * per_token
+            job = {"model": model, "speculative_config": methods[name], "dtype": args.dtype,
+                   "max_model_len": args.max_model_len, "kv_cache_bytes": int(kv),
+                   "batch_size": batch, "max_tokens": args.max_tokens,
+                   "temperature": args.temperature, "prompt_ids": prompt_ids[:n],
+                   "categories": [p.category for p in prompts[:n]],
+                   "warmup_prompt_ids": warm_ids}
+            row.update(run_config(job, logs, f"{name}-b{batch}", args.timeout))
+            if row["status"] == "unavailable":  # same config at every batch size
+                unavailable[name] = row["reason"]
+        report["results"].append(row)
+        bar.write(f"{name:>24} b={batch:<3} {row['status']:<11} "
+                  + (f"{row['output_tokens_per_s']:.1f} tok/s, "
+                     f"{row['tokens_per_forward']:.2f} tok/fwd" if row["status"] == "ok"
+                     else str(row.get("reason", ""))[:120]))
+    compare_with_none(report["results"], args.temperature)
+    if any(r.get("chat_render_matches") is False for r in report["results"]):
+        report["notes"].append("warning: prompt rendering differs from llm.chat's")
+    if args.temperature > 0:
+        report["notes"].append("temperature > 0: identity with `none` is not compared")
+    report["plots"] = plots(report, out)
+    bench_common.write_json(out / "results.json", report)
+    (out / "results.md").write_text(markdown(report), encoding="utf-8")
+    print(markdown(report))
+    print(f"results in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

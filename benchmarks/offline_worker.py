@@ -1,0 +1,253 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One configuration of benchmarks/offline.py, run in its own process.
+
+Usage (by offline.py, not by hand): ``python offline_worker.py JOB.json RESULT.json``.
+
+The engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the parent
+before vLLM is imported) so that this process can drive ``llm_engine.step()``
+itself and wrap the drafter's ``propose`` to time it.
+
+Tokens per target forward is counted method-agnostically: with DELTA outputs,
+every engine step tells which requests received new tokens; a request that
+received >= 1 token in a step had one target forward in it (its verification
+pass, or its last prefill chunk). tokens/forward = output tokens / such pairs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+# Warm-up prompt: not one of the benchmark prompts, so it leaves nothing in the
+# prefix cache that a measured request could hit.
+WARMUP_MESSAGE = "Write a short poem about the sea."
+
+
+# -- drafter timing (runs inside the worker, which is this process) -------------------
+
+def _wrap_propose(worker: Any) -> str | None:
+    """For collective_rpc: time every ``drafter.propose`` call; returns the class name."""
+    drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
+    if drafter is None:
+        return None
+    if not hasattr(drafter, "_bench_propose"):
+        original = drafter.propose
+        drafter._bench_propose = [0, 0.0]  # calls, seconds
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                drafter._bench_propose[0] += 1
+                drafter._bench_propose[1] += time.perf_counter() - start
+
+        drafter.propose = timed  # instance attribute shadows the class method
+    return type(drafter).__name__
+
+
+def _read_propose(worker: Any) -> list | None:
+    drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
+    return list(getattr(drafter, "_bench_propose", None) or []) or None
+
+
+# -- metrics ---------------------------------------------------------------------------
+
+def _spec_counters(llm) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for metric in llm.get_metrics():
+        if metric.name.startswith("vllm:spec_decode"):
+            out[metric.name] = list(metric.values) if hasattr(metric, "values") else metric.value
+    return out
+
+
+def _delta(after: dict, before: dict) -> dict:
+    out = {}
+    for key, value in after.items():
+        old = before.get(key)
+        if isinstance(value, list):
+            old = old or [0] * len(value)
+            out[key] = [a - b for a, b in zip(value, old)]
+        else:
+            out[key] = value - (old or 0)
+    return out
+
+
+def _plugin_stats(llm) -> dict | None:
+    """The vllm-echo drafter's own counters, when the drafter is ours."""
+    try:
+        from vllm_echo.plugin.proposer import worker_stats
+    except ImportError:
+        return None
+    try:
+        return llm.collective_rpc(worker_stats)[0]
+    except Exception:  # noqa: BLE001 - optional information
+        return None
+
+
+def _spec_summary(counters: dict, total_tokens: int, forwards: int) -> dict:
+    drafts = counters.get("vllm:spec_decode_num_drafts", 0)
+    draft_tokens = counters.get("vllm:spec_decode_num_draft_tokens", 0)
+    accepted = counters.get("vllm:spec_decode_num_accepted_tokens", 0)
+    per_pos = counters.get("vllm:spec_decode_num_accepted_tokens_per_pos") or []
+    return {
+        "num_drafts": drafts,
+        "num_draft_tokens": draft_tokens,
+        "num_accepted_tokens": accepted,
+        "accepted_tokens_per_position": per_pos,
+        # vLLM's definitions (per-position rate divides by all drafts, not conditional)
+        "draft_acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+        "acceptance_rate_per_position": [a / drafts for a in per_pos] if drafts else None,
+        # biased: counts only steps that had a draft (see docs/vllm-internals.md §7)
+        "mean_acceptance_length_vllm": 1 + accepted / drafts if drafts else None,
+        # Accepted draft tokens counted from our own step log (every forward emits
+        # exactly one non-draft token), per drafted token: an independent check of
+        # vLLM's counter (slightly lower when max_tokens cut an accepted run short).
+        "draft_utilization": (total_tokens - forwards) / draft_tokens if draft_tokens else None,
+        # share of (request, forward) pairs that carried a draft at all
+        "drafted_forward_share": drafts / forwards if forwards else None,
+    }
+
+
+# -- the run ---------------------------------------------------------------------------
+
+def _build_llm(job: dict):
+    from vllm import LLM
+
+    return LLM(job["model"], speculative_config=job["speculative_config"], dtype=job["dtype"],
+               enforce_eager=True, max_model_len=job["max_model_len"], seed=0,
+               kv_cache_memory_bytes=job["kv_cache_bytes"], max_num_seqs=job["batch_size"],
+               disable_log_stats=False)
+
+
+def _generate_stepwise(llm, prompts: list[list[int]], params) -> dict:
+    """Submit all prompts, drive the engine step by step, log who got tokens when."""
+    engine = llm.llm_engine
+    ids = [f"bench-{i}" for i in range(len(prompts))]
+    tokens: dict[str, list[int]] = {rid: [] for rid in ids}
+    forwards: dict[str, int] = defaultdict(int)
+    step_seconds = 0.0
+    steps = 0
+    start = time.perf_counter()
+    for rid, prompt in zip(ids, prompts):
+        engine.add_request(rid, {"prompt_token_ids": prompt}, params)
+    while engine.has_unfinished_requests():
+        t = time.perf_counter()
+        outputs = engine.step()
+        step_seconds += time.perf_counter() - t
+        steps += 1
+        for out in outputs:
+            new = out.outputs[0].token_ids
+            if new:
+                tokens[out.request_id].extend(new)
+                forwards[out.request_id] += 1
+    wall = time.perf_counter() - start
+    return {"token_ids": [tokens[r] for r in ids], "forwards": [forwards[r] for r in ids],
+            "wall_s": wall, "step_s": step_seconds, "engine_steps": steps}
+
+
+def run(job: dict) -> dict:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    try:
+        llm = _build_llm(job)
+    except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+        return {"status": "unavailable", "reason": _short_reason(exc)}
+
+    drafter = llm.collective_rpc(_wrap_propose)[0] if job["speculative_config"] else None
+
+    def params(max_tokens: int, kind) -> Any:
+        return SamplingParams(temperature=job["temperature"], max_tokens=max_tokens,
+                              seed=0 if job["temperature"] > 0 else None, output_kind=kind)
+
+    # Warm-up through llm.chat: compiles numba kernels, and checks that our rendering
+    # of the chat template gives exactly the prompt ids llm.chat would send.
+    warm = llm.chat([{"role": "user", "content": WARMUP_MESSAGE}],
+                    params(min(16, job["max_tokens"]), RequestOutputKind.FINAL_ONLY),
+                    use_tqdm=False)
+    chat_render_matches = list(warm[0].prompt_token_ids) == job["warmup_prompt_ids"]
+    llm.reset_prefix_cache()
+
+    counters_before = _spec_counters(llm)
+    plugin_before = _plugin_stats(llm)
+    propose_before = llm.collective_rpc(_read_propose)[0] if drafter else None
+
+    gen = _generate_stepwise(llm, job["prompt_ids"],
+                             params(job["max_tokens"], RequestOutputKind.DELTA))
+
+    counters = _delta(_spec_counters(llm), counters_before)
+    plugin_after = _plugin_stats(llm)
+    propose_after = llm.collective_rpc(_read_propose)[0] if drafter else None
+
+    total_tokens = sum(len(t) for t in gen["token_ids"])
+    total_forwards = sum(gen["forwards"])
+    by_cat: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for cat, toks, fwd in zip(job["categories"], gen["token_ids"], gen["forwards"]):
+        by_cat[cat][0] += len(toks)
+        by_cat[cat][1] += fwd
+
+    proposer = None
+    if propose_after:
+        calls = propose_after[0] - (propose_before or [0, 0.0])[0]
+        seconds = propose_after[1] - (propose_before or [0, 0.0])[1]
+        proposer = {"class": drafter, "calls": calls, "seconds": seconds,
+                    "ms_per_call": 1e3 * seconds / calls if calls else None,
+                    "share_of_step_time": seconds / gen["step_s"] if gen["step_s"] else None}
+    plugin = None
+    if plugin_after:
+        plugin = {k: v - (plugin_before or {}).get(k, 0) if isinstance(v, (int, float)) else v
+                  for k, v in plugin_after.items()}
+
+    return {
+        "status": "ok",
+        "num_prompts": len(job["prompt_ids"]),
+        "output_tokens": total_tokens,
+        "wall_s": gen["wall_s"],
+        "output_tokens_per_s": total_tokens / gen["wall_s"] if gen["wall_s"] else None,
+        "engine_steps": gen["engine_steps"],
+        "forwards": total_forwards,
+        "tokens_per_forward": total_tokens / total_forwards if total_forwards else None,
+        "tokens_per_forward_by_category": {c: t / f if f else None
+                                           for c, (t, f) in by_cat.items()},
+        "spec_decode": _spec_summary(counters, total_tokens, total_forwards)
+        if job["speculative_config"] else None,
+        "proposer": proposer,
+        "plugin_stats": plugin,
+        "chat_render_matches": chat_render_matches,
+        "token_ids": gen["token_ids"],
+    }
+
+
+def _short_reason(exc: BaseException) -> str:
+    """The line of a (possibly pydantic-wrapped) config error that says what is wrong."""
+    text = str(exc)
+    for line in text.splitlines():
+        if "unknown key" in line or "speculative_config" in line:
+            return line.strip()[:400]
+    return f"{type(exc).__name__}: {text.strip().splitlines()[0][:400] if text.strip() else ''}"
+
+
+def main(argv: list[str]) -> int:
+    job_path, result_path = Path(argv[0]), Path(argv[1])
+    job = json.loads(job_path.read_text(encoding="utf-8"))
+    try:
+        result = run(job)
+    except Exception as exc:  # noqa: BLE001 - the parent reports it; never lose the reason
+        traceback.print_exc()
+        result = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:1000]}
+    result_path.write_text(json.dumps(result), encoding="utf-8")
+    sys.stdout.flush()
+    # vLLM can hang in interpreter shutdown with live engine threads; the result is
+    # written, so leave without running atexit hooks.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

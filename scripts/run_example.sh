@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The main job on a fresh machine: set everything up, then run offline generation with
+# LogitSpec vs no speculation on the embedded model. Arguments go to the example.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+# shellcheck disable=SC1091
+. "${VLLM_ECHO_VENV:-.venv}/bin/activate"
+python examples/offline_generate.py "$@"
