@@ -46,7 +46,8 @@ METHODS: dict[str, dict | None] = {
     "ngram8": {"method": "ngram", "num_speculative_tokens": 8,
                "prompt_lookup_min": 2, "prompt_lookup_max": 5},
     "suffix": {"method": "suffix"},
-    "logitspec": {"method": "logitspec"},
+    # Chain mode spelled out: the plugin's default is moving to tree verification.
+    "logitspec": {"method": "logitspec", "tree": False},
     "logitspec-tree": {"method": "logitspec", "tree": True},
     "echo": {"method": "echo"},
     "echo-dense": {"method": "echo", "gating": "dense"},
@@ -78,7 +79,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--kv-cache-gib", type=float, default=None,
-                   help="KV cache size (default: enough for a full batch of the longest prompt)")
+                   help="KV cache size (default: room for the batch's longest requests at once)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per configuration")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default benchmarks/results/offline-<time>)")
@@ -113,6 +114,14 @@ def kv_bytes_per_token(model: str, dtype: str) -> int:
     heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     return 2 * cfg["num_hidden_layers"] * heads * head_dim * (4 if dtype == "float32" else 2)
+
+
+def kv_cache_bytes(prompt_ids: list[list[int]], batch: int, args, per_token: int) -> int:
+    """Room for the ``batch`` longest requests at once (no preemption), with slack for
+    drafts and block rounding; never less than one max_model_len request (vLLM's check)."""
+    longest = sorted((len(p) for p in prompt_ids), reverse=True)[:batch]
+    tokens = sum(longest) + len(longest) * (args.max_tokens + 192)
+    return int(max(1.1 * tokens, args.max_model_len + 256) * per_token)
 
 
 def prepare_prompts(args, model: str, count: int):
@@ -279,7 +288,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: only {len(prompts)} prompts fit max_model_len", file=sys.stderr)
 
     per_token = kv_bytes_per_token(model, args.dtype)
-    longest = max(len(p) for p in prompt_ids) + args.max_tokens
     report: dict[str, Any] = {
         "benchmark": "offline", "model": model, "dataset": args.dataset,
         "max_tokens": args.max_tokens, "temperature": args.temperature,
@@ -304,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             row.update(status="unavailable", reason=unavailable[name])
         else:
             kv = args.kv_cache_gib * 2**30 if args.kv_cache_gib else \
-                max(1.2 * batch * (longest + 64), args.max_model_len + 256) * per_token
+                kv_cache_bytes(prompt_ids[:n], batch, args, per_token)
             job = {"model": model, "speculative_config": methods[name], "dtype": args.dtype,
                    "max_model_len": args.max_model_len, "kv_cache_bytes": int(kv),
                    "batch_size": batch, "max_tokens": args.max_tokens,

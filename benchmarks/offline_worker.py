@@ -200,10 +200,8 @@ def run(job: dict) -> dict:
         proposer = {"class": drafter, "calls": calls, "seconds": seconds,
                     "ms_per_call": 1e3 * seconds / calls if calls else None,
                     "share_of_step_time": seconds / gen["step_s"] if gen["step_s"] else None}
-    plugin = None
-    if plugin_after:
-        plugin = {k: v - (plugin_before or {}).get(k, 0) if isinstance(v, (int, float)) else v
-                  for k, v in plugin_after.items()}
+    # Raw snapshots: which fields are counters is the plugin's business.
+    plugin = {"after_warmup": plugin_before, "end": plugin_after} if plugin_after else None
 
     return {
         "status": "ok",
@@ -244,6 +242,7 @@ def main(argv: list[str]) -> int:
         result = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:1000]}
     result_path.write_text(json.dumps(result), encoding="utf-8")
     sys.stdout.flush()
+    sys.stderr.flush()
     # vLLM can hang in interpreter shutdown with live engine threads; the result is
     # written, so leave without running atexit hooks.
     os._exit(0)

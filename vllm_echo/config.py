@@ -47,6 +47,8 @@ class EchoSettings:
         topk: next-next candidates taken from the target's last logits.
         capacity: most verified tokens per request and step in the draft forest,
             counting the root (drafts <= capacity - 1).
+        tree: verify the whole forest as a token tree (default); False sends one
+            chain per request (chain mode).
     """
 
     method: str = "logitspec"
@@ -55,6 +57,7 @@ class EchoSettings:
     span: int = 20
     topk: int = 64
     capacity: int = 64
+    tree: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -62,7 +65,9 @@ class EchoSettings:
                 f"speculative_config: method={self.method!r} is not a vllm-echo method; "
                 f"allowed: {', '.join(METHODS)}")
         for name, low, high in (("num_speculative_tokens", 1, 128), ("max_ngram", 1, 8),
-                                ("span", 1, 1024), ("topk", 1, None), ("capacity", 2, 1024)):
+                                ("span", 1, 1024), ("topk", 1, None),
+                                # vLLM's rejection sampler caps drafts at 128 per request
+                                ("capacity", 2, 129)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(
@@ -72,6 +77,10 @@ class EchoSettings:
                 allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
                 raise ValueError(
                     f"speculative_config: {name}={value!r} is out of range; allowed: {allowed}")
+
+        if not isinstance(self.tree, bool):
+            raise ValueError(f"speculative_config: tree={self.tree!r} has type "
+                             f"{type(self.tree).__name__}; expected true or false")
 
     @classmethod
     def field_names(cls) -> frozenset[str]:
@@ -90,6 +99,13 @@ class EchoSettings:
                 f"speculative_config: unknown key(s) {', '.join(map(repr, unknown))} for "
                 f"method {raw.get('method')!r}; allowed: {', '.join(sorted(known))}")
         return cls(**dict(raw))
+
+    @property
+    def max_drafts(self) -> int:
+        """Most draft tokens per request and step that vLLM must accept (its K)."""
+        if self.tree:
+            return min(self.num_speculative_tokens, self.capacity - 1)
+        return self.num_speculative_tokens
 
     def check_vocab(self, vocab_size: int) -> None:
         """Checks that need the target model (run when vLLM builds its config)."""

@@ -38,12 +38,16 @@ def rewrite(spec: dict[str, Any], additional_config: dict[str, Any] | None,
             "(the target model drafts for itself); remove it")
     vllm_spec = {k: spec[k] for k in VLLM_PASSTHROUGH_KEYS if k in spec}
     ours = {k: v for k, v in spec.items() if k not in VLLM_PASSTHROUGH_KEYS}
-    k_drafts = spec.get("num_speculative_tokens", DEFAULT_NUM_SPECULATIVE_TOKENS)
+    settings = EchoSettings.from_dict(ours)
+    if "num_speculative_tokens" in spec:
+        k_drafts = spec["num_speculative_tokens"]
+    else:  # tree mode: room for the whole forest; chain mode: a short chain
+        k_drafts = settings.capacity - 1 if settings.tree else DEFAULT_NUM_SPECULATIVE_TOKENS
     settings = EchoSettings.from_dict({**ours, "num_speculative_tokens": k_drafts})
     if vocab_size is not None:
         settings.check_vocab(vocab_size)
     vllm_spec.update(method="custom_class", model=PROPOSER_CLASSES[settings.method],
-                     num_speculative_tokens=settings.num_speculative_tokens)
+                     num_speculative_tokens=settings.max_drafts)
     merged = dict(additional_config or {})
     merged[ADDITIONAL_CONFIG_KEY] = settings.to_dict()
     return vllm_spec, merged

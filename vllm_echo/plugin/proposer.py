@@ -8,39 +8,57 @@ itself is in vllm_echo.algos (numpy/numba, engine-agnostic).
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from vllm_echo.algos.forest import SOURCE_LOGITS, SOURCE_RETRIEVAL, first_chain
+from vllm_echo.algos.forest import SOURCE_LOGITS, SOURCE_RETRIEVAL, build_forest, first_chain
 from vllm_echo.algos.ngram_index import NgramIndex
+from vllm_echo.config import DEFAULT_NUM_SPECULATIVE_TOKENS
+from vllm_echo.plugin import tree_state, tree_support
 from vllm_echo.plugin.config_shim import settings_from_vllm_config
-from vllm_echo.plugin.runner_hooks import LastLogitsTopK, find_runner, install_sample_capture
+from vllm_echo.plugin.runner_hooks import LastLogitsTopK, find_runner, install_sample_hook
+from vllm_echo.plugin.tree_runner import install_prepare_hook, tree_unsafe_reason
 
 logger = logging.getLogger("vllm_echo")
 
 
+SOURCE_TREE = 3
+_SOURCE_NAMES = {SOURCE_RETRIEVAL: "retrieval", SOURCE_LOGITS: "logits", SOURCE_TREE: "tree"}
+
+
 @dataclass
 class DraftStats:
-    """Per-worker counters, readable with ``LLM.collective_rpc`` (see stats())."""
+    """Per-worker counters, readable with ``LLM.collective_rpc`` (see worker_stats).
+
+    Drafts are counted by source: "retrieval" (chain from the m-gram index),
+    "logits" (chain led by a next-next candidate: the index found nothing),
+    "tree" (a forest verified as a tree). Accepted tokens are attributed to the
+    source of the draft they came from.
+    """
 
     steps: int = 0
-    drafts_retrieval: int = 0   # drafts whose chain came from the m-gram index
-    drafts_logits: int = 0      # drafts led by a next-next candidate (retrieval missed)
-    tokens_retrieval: int = 0
-    tokens_logits: int = 0
-    accepted_retrieval: int = 0  # accepted draft tokens, by the draft's source
-    accepted_logits: int = 0
+    drafts: dict = field(default_factory=lambda: dict.fromkeys(_SOURCE_NAMES.values(), 0))
+    tokens: dict = field(default_factory=lambda: dict.fromkeys(_SOURCE_NAMES.values(), 0))
+    accepted: dict = field(default_factory=lambda: dict.fromkeys(_SOURCE_NAMES.values(), 0))
     peak_tracked_requests: int = 0  # most requests holding retrieval state at once
+
+    def flat(self) -> dict[str, int]:
+        out = {"steps": self.steps, "peak_tracked_requests": self.peak_tracked_requests}
+        for kind in ("drafts", "tokens", "accepted"):
+            for source, value in getattr(self, kind).items():
+                out[f"{kind}_{source}"] = value
+        return out
 
 
 class _RequestState:
-    __slots__ = ("owner", "index", "last_len", "last_source")
+    __slots__ = ("owner", "index", "tree_ok", "last_len", "last_source")
 
-    def __init__(self, owner: Any, index: NgramIndex):
+    def __init__(self, owner: Any, index: NgramIndex, tree_ok: bool):
         self.owner = owner  # the runner's CachedRequestState: detects a reused request id
         self.index = index
+        self.tree_ok = tree_ok  # sampling params allow tree verification
         self.last_len = 0  # the draft proposed last step, to attribute acceptances
         self.last_source = 0
 
@@ -48,8 +66,10 @@ class _RequestState:
 class LogitSpecProposer:
     """LogitSpec drafts: m-gram retrieval plus next-next tokens from the last logits.
 
-    Chain mode: one chain per request (rule in ``vllm_echo.algos.forest.first_chain``),
-    clipped to ``num_speculative_tokens``.
+    Tree mode (default where tree verification is available): the whole LogitSpec
+    forest, verified as a token tree. Chain mode (``"tree": false``, or a request
+    whose features need chain verification): one chain per request (rule in
+    ``vllm_echo.algos.forest.first_chain``).
     """
 
     method = "logitspec"
@@ -63,12 +83,19 @@ class LogitSpecProposer:
         self._runner: Any = None
         self._failures_logged: set[str] = set()
         self.stats = DraftStats()
+        self.tree_enabled = self.settings.tree and tree_support.prepare(vllm_config)
+        self._layout_checked = False
 
     # -- vLLM contract -------------------------------------------------------------
 
     def load_model(self, model: Any) -> None:  # mandatory on CPU (called without hasattr)
         self._runner = find_runner()
-        install_sample_capture(self._runner, self._last_logits, self._log_failure)
+        if self.tree_enabled:
+            self.tree_enabled = tree_support.check_model(model)
+        if self.tree_enabled:
+            install_prepare_hook(self._runner, self._log_failure)
+        install_sample_hook(self._runner, self._last_logits, self._log_failure,
+                            compact=tree_support.compactor() if self.tree_enabled else None)
         self._warm_up()
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
@@ -78,11 +105,15 @@ class LogitSpecProposer:
             return self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         except Exception as exc:  # a drafting bug costs speed, never output or uptime
             self._log_failure("propose", exc)
+            tree_state.TREES.clear()
             return [[] for _ in range(num_reqs)]
 
     # -- internals -----------------------------------------------------------------
 
     def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu):
+        if self.tree_enabled and not self._layout_checked:
+            self._layout_checked = True  # the KV cache exists only after start-up
+            self.tree_enabled = tree_support.layout_ok()
         batch = self._runner.input_batch
         req_ids = batch.req_ids
         self._release_finished(batch.req_id_to_index)
@@ -91,41 +122,48 @@ class LogitSpecProposer:
         drafts: list[list[int]] = []
         self.stats.steps += 1
         for i, sampled in enumerate(sampled_token_ids):
+            req_id = req_ids[i]
             length = int(num_tokens_no_spec[i])
             # Drafts must fit: the bonus token plus K drafts stay within max_model_len.
             max_len = min(self.num_speculative_tokens, self.max_model_len - length - 1)
             if not sampled or max_len <= 0:  # partial prefill or at the length limit
+                tree_state.TREES.pop(req_id, None)
                 drafts.append([])
                 continue
-            state = self._sync_state(req_ids[i], token_ids_cpu[i], length)
+            state = self._sync_state(req_id, token_ids_cpu[i], length)
             self._count_accepted(state, len(sampled) - 1)
             cand = candidates[i] if candidates is not None else no_candidates
-            chain, source = self._draft(state.index, cand, max_len)
-            self._count_draft(state, len(chain), source)
-            drafts.append(chain.tolist())
+            tokens, source = self._draft(req_id, state, cand, max_len)
+            self._count_draft(state, len(tokens), source)
+            drafts.append(tokens.tolist())
         self.stats.peak_tracked_requests = max(self.stats.peak_tracked_requests,
                                                len(self._states))
         return drafts
 
-    def _draft(self, index: NgramIndex, candidates: np.ndarray,
+    def _draft(self, req_id: str, state: _RequestState, candidates: np.ndarray,
                max_len: int) -> tuple[np.ndarray, int]:
-        return first_chain(index, candidates, max_len)
+        if self.tree_enabled and state.tree_ok:
+            tokens, parents = build_forest(state.index, candidates,
+                                           min(self.settings.capacity, max_len + 1))
+            if len(tokens):
+                tree_state.TREES[req_id] = tree_state.TreeDraft(tokens, parents)
+                return tokens, SOURCE_TREE
+            tree_state.TREES.pop(req_id, None)
+            return tokens, 0
+        tree_state.TREES.pop(req_id, None)
+        if self.tree_enabled:  # a request that needs chain verification in tree mode
+            max_len = min(max_len, DEFAULT_NUM_SPECULATIVE_TOKENS)
+        return first_chain(state.index, candidates, max_len)
 
     def _count_accepted(self, state: _RequestState, accepted: int) -> None:
-        if state.last_len and accepted > 0:
-            if state.last_source == SOURCE_RETRIEVAL:
-                self.stats.accepted_retrieval += accepted
-            elif state.last_source == SOURCE_LOGITS:
-                self.stats.accepted_logits += accepted
+        if state.last_len and accepted > 0 and state.last_source in _SOURCE_NAMES:
+            self.stats.accepted[_SOURCE_NAMES[state.last_source]] += accepted
 
     def _count_draft(self, state: _RequestState, n: int, source: int) -> None:
         state.last_len, state.last_source = n, source
-        if source == SOURCE_RETRIEVAL:
-            self.stats.drafts_retrieval += 1
-            self.stats.tokens_retrieval += n
-        elif source == SOURCE_LOGITS:
-            self.stats.drafts_logits += 1
-            self.stats.tokens_logits += n
+        if n and source in _SOURCE_NAMES:
+            self.stats.drafts[_SOURCE_NAMES[source]] += 1
+            self.stats.tokens[_SOURCE_NAMES[source]] += n
 
     def _sync_state(self, req_id: str, row: np.ndarray, length: int) -> _RequestState:
         """Bring the request's index up to ``row[:length]`` (only new tokens are indexed)."""
@@ -133,7 +171,8 @@ class LogitSpecProposer:
         state = self._states.get(req_id)
         if state is None or state.owner is not owner or state.index.length > length:
             state = _RequestState(owner, NgramIndex(self.settings.max_ngram, self.settings.span,
-                                                    capacity_hint=length + 256))
+                                                    capacity_hint=length + 256),
+                                  self._tree_allowed(owner))
             self._states[req_id] = state
         index = state.index
         if index.length < length:
@@ -144,24 +183,39 @@ class LogitSpecProposer:
         """Free the index of every request that left the batch (finished or preempted)."""
         for req_id in [r for r in self._states if r not in live]:
             del self._states[req_id]
+            tree_state.TREES.pop(req_id, None)
+
+    def _tree_allowed(self, owner: Any) -> bool:
+        if not self.tree_enabled:
+            return False
+        reason = tree_unsafe_reason(getattr(owner, "sampling_params", None))
+        if reason is not None:
+            self._log_once(f"chain:{reason}", "vllm-echo: requests with %s are verified as a "
+                           "chain, not a tree (logged once).", reason)
+        return reason is None
 
     def _warm_up(self) -> None:
         """Compile the numba kernels now, not inside the first decode step."""
         index = NgramIndex(self.settings.max_ngram, self.settings.span)
         index.extend(np.arange(32, dtype=np.int32) % 7)
-        self._draft(index, np.arange(4, dtype=np.int32), self.num_speculative_tokens)
+        candidates = np.arange(4, dtype=np.int32)
+        first_chain(index, candidates, self.num_speculative_tokens)
+        build_forest(index, candidates, self.settings.capacity)
 
     def _log_failure(self, where: str, exc: BaseException) -> None:
-        kind = f"{where}:{type(exc).__name__}"
+        self._log_once(f"{where}:{type(exc).__name__}",
+                       "vllm-echo: %s failed (%s: %s); the affected requests fall back to "
+                       "safe verification for this step. Logged once per kind of failure.",
+                       where, type(exc).__name__, exc, exc_info=exc)
+
+    def _log_once(self, kind: str, msg: str, *args, **kwargs) -> None:
         if kind not in self._failures_logged:
             self._failures_logged.add(kind)
-            logger.warning("vllm-echo: %s failed (%s: %s); this step runs without drafts for "
-                           "the affected requests. Logged once per kind of failure.",
-                           where, type(exc).__name__, exc, exc_info=exc)
+            logger.warning(msg, *args, **kwargs)
 
     def snapshot(self) -> dict[str, int]:
         """Counters plus the number of requests holding retrieval state."""
-        return {**asdict(self.stats), "tracked_requests": len(self._states)}
+        return {**self.stats.flat(), **tree_state.COUNTERS, "tracked_requests": len(self._states)}
 
 
 def worker_stats(worker: Any) -> dict[str, int] | None:

@@ -56,14 +56,18 @@ class LastLogitsTopK:
         return self.token_ids
 
 
-def install_sample_capture(runner: Any, sink: LastLogitsTopK,
-                           on_error: Callable[[str, BaseException], None]) -> None:
-    """Wrap ``runner._sample`` (instance attribute) to record top-k of raw logits.
+def install_sample_hook(runner: Any, sink: LastLogitsTopK,
+                        on_error: Callable[[str, BaseException], None],
+                        compact: Callable | None = None) -> None:
+    """Wrap ``runner._sample`` (instance attribute): tree verdicts, then top-k capture.
 
-    Captured after the original returns: the rejection sampler works on indexed
-    copies of ``logits`` (bonus_logits / target_logits), so ``logits`` is still the
-    raw, pre-temperature tensor (post grammar bitmask). Row of request i's last
-    generated token = (bonus row - num_draft_tokens[i]) + num_generated[i] - 1.
+    With ``compact`` (tree mode), the step's tree requests get their greedy tree
+    verdict and KV compaction (tree_runner.verify_step_trees) after vLLM's own
+    sampling. Then the top-k of the raw logits is recorded at the row that
+    produced each request's last token: the rejection sampler works on indexed
+    copies of ``logits``, so ``logits`` is still raw (pre-temperature, post grammar
+    bitmask). For a chain, that row is (bonus row - num_draft_tokens[i]) +
+    num_generated[i] - 1; for a tree, the row of its last accepted node.
     """
     import torch
 
@@ -76,12 +80,20 @@ def install_sample_capture(runner: Any, sink: LastLogitsTopK,
         sink.token_ids = None
         if logits is None or spec_decode_metadata is None:
             return output
+        last_rows: dict[int, int] = {}
+        if compact is not None:
+            from vllm_echo.plugin.tree_runner import verify_step_trees
+
+            last_rows = verify_step_trees(logits, spec_decode_metadata,
+                                          output.sampled_token_ids, compact, on_error)
         try:
             sampled = output.sampled_token_ids
             num_generated = (sampled != -1).sum(dim=1).clamp_(min=1)
             num_drafts = torch.as_tensor(spec_decode_metadata.num_draft_tokens,
                                          device=sampled.device)
             rows = spec_decode_metadata.bonus_logits_indices - num_drafts + num_generated - 1
+            for i, row in last_rows.items():
+                rows[i] = row
             k = min(sink.k, logits.shape[-1])
             top = torch.topk(logits[rows], k, dim=-1).indices
             sink.token_ids = top.to(torch.int32).cpu().numpy()

@@ -1,0 +1,163 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Per-step drafting cost: vllm-echo's incremental index vs vLLM's NgramProposer.
+
+    python benchmarks/micro_proposer.py                 # batch 1/32/64 x context 1k/4k/8k
+    python benchmarks/micro_proposer.py --smoke         # CI
+
+One step = what a decode step asks of the drafter for every request of the batch:
+  * vllm-echo: ``NgramIndex.extend`` with the one new token, then the draft:
+    ``build_forest`` (logitspec tree / echo, capacity 64) or ``first_chain`` (chain, K=4);
+  * vLLM: ``NgramProposer.propose`` over the batch (rescans each whole context).
+Both see identical synthetic batches: tokens drawn i.i.d. from a Zipf(1.1) law over a
+49152-token vocabulary (SmolLM2's size) under a fixed random rank-to-id map, and the
+same top-64 candidate ids per request. Numba kernels are compiled before timing
+(vLLM's own warm-up in NgramProposer.__init__ compiles nothing: it has no valid request).
+Also reported: NgramIndex bytes per context token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_common  # noqa: E402
+
+VOCAB = 49152
+TOPK = 64
+
+
+def zipf_tokens(rng: np.random.Generator, size: int, s: float = 1.1) -> np.ndarray:
+    weights = 1.0 / np.arange(1, VOCAB + 1) ** s
+    ranks = rng.choice(VOCAB, size=size, p=weights / weights.sum())
+    return rng.permutation(VOCAB).astype(np.int32)[ranks]
+
+
+class Batch:
+    """``batch`` requests of ``context`` tokens, plus ``steps`` tokens to append."""
+
+    def __init__(self, batch: int, context: int, steps: int, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.batch, self.context, self.steps = batch, context, steps
+        self.tokens = zipf_tokens(rng, batch * (context + steps)).reshape(batch, -1)
+        self.candidates = zipf_tokens(rng, batch * TOPK).reshape(batch, TOPK)
+
+
+def time_echo(b: Batch, draft: Callable) -> tuple[float, float]:
+    """Mean seconds per step for extend + draft over the batch; index bytes per token."""
+    from vllm_echo.algos.ngram_index import NgramIndex
+
+    indexes = []
+    for r in range(b.batch):
+        index = NgramIndex(3, 20, capacity_hint=b.context + b.steps)
+        index.extend(b.tokens[r, :b.context])
+        indexes.append(index)
+    bytes_per_token = sum(ix.nbytes / ix.length for ix in indexes) / len(indexes)
+    start = time.perf_counter()
+    for s in range(b.steps):
+        col = b.context + s
+        for r, index in enumerate(indexes):
+            index.extend(b.tokens[r, col:col + 1])
+            draft(index, b.candidates[r])
+    return (time.perf_counter() - start) / b.steps, bytes_per_token
+
+
+def vllm_ngram_proposer(k: int, lo: int, hi: int, max_model_len: int, max_num_seqs: int):
+    from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+
+    # The fields NgramProposer.__init__ reads; a full VllmConfig would need a model.
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(prompt_lookup_min=lo, prompt_lookup_max=hi,
+                                           num_speculative_tokens=k),
+        model_config=SimpleNamespace(max_model_len=max_model_len),
+        scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1))
+    return NgramProposer(config)
+
+
+def time_vllm(b: Batch, proposer) -> float:
+    token_ids = np.zeros((b.batch, proposer.max_model_len), dtype=np.int32)
+    token_ids[:, :b.tokens.shape[1]] = b.tokens
+    start = time.perf_counter()
+    for s in range(b.steps):
+        num_tokens = np.full(b.batch, b.context + s + 1, dtype=np.int32)
+        sampled = [[int(t)] for t in b.tokens[:, b.context + s]]
+        proposer.propose(proposer.k, sampled, num_tokens, token_ids)
+    return (time.perf_counter() - start) / b.steps
+
+
+def echo_methods() -> dict[str, Callable]:
+    from vllm_echo.algos.forest import build_forest, first_chain
+
+    return {
+        "vllm-echo forest c64 (extend+build_forest)": lambda ix, c: build_forest(ix, c, 64),
+        "vllm-echo chain K=4 (extend+first_chain)": lambda ix, c: first_chain(ix, c, 4),
+    }
+
+
+def run(batches: list[int], contexts: list[int], steps: int) -> dict[str, Any]:
+    max_len = max(contexts) + steps + 16
+    vllm_configs = {"vLLM NgramProposer k=4 m1..3": (4, 1, 3),
+                    "vLLM NgramProposer k=8 m2..5": (8, 2, 5)}
+    proposers = {name: vllm_ngram_proposer(*cfg, max_len, max(batches))
+                 for name, cfg in vllm_configs.items()}
+    echo = echo_methods()
+    # Compile every kernel outside the timed region (numba JIT on first real call).
+    warm = Batch(2, 64, 2, seed=1)
+    for draft in echo.values():
+        time_echo(warm, draft)
+    for proposer in proposers.values():
+        time_vllm(warm, proposer)
+
+    rows = []
+    for context in contexts:
+        for batch in batches:
+            b = Batch(batch, context, steps)
+            for name, draft in echo.items():
+                sec, bpt = time_echo(b, draft)
+                rows.append({"method": name, "batch": batch, "context": context,
+                             "ms_per_step": 1e3 * sec,
+                             "ns_per_context_token": 1e9 * sec / (batch * context),
+                             "index_bytes_per_token": bpt})
+            for name, proposer in proposers.items():
+                sec = time_vllm(b, proposer)
+                rows.append({"method": name, "batch": batch, "context": context,
+                             "ms_per_step": 1e3 * sec,
+                             "ns_per_context_token": 1e9 * sec / (batch * context),
+                             "index_bytes_per_token": None})
+    return {"benchmark": "micro_proposer", "steps_per_config": steps,
+            "token_distribution": f"zipf(1.1) over {VOCAB}", "topk": TOPK,
+            "environment": bench_common.environment(), "results": rows}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32, 64])
+    p.add_argument("--contexts", nargs="+", type=int, default=[1024, 4096, 8192])
+    p.add_argument("--steps", type=int, default=50, help="timed steps per configuration")
+    p.add_argument("--json", type=Path, default=None,
+                   help="default benchmarks/results/micro_proposer-<time>.json")
+    p.add_argument("--smoke", action="store_true", help="CI: batch 1 and 4, context 1024, 3 steps")
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.batch_sizes, args.contexts, args.steps = [1, 4], [1024], 3
+    report = run(args.batch_sizes, args.contexts, args.steps)
+    print(bench_common.markdown_table(
+        ["method", "batch", "context", "ms/step", "ns/context token", "index B/token"],
+        [[r["method"], r["batch"], r["context"], f"{r['ms_per_step']:.4f}",
+          f"{r['ns_per_context_token']:.2f}", r["index_bytes_per_token"]]
+         for r in report["results"]]))
+    out = args.json or bench_common.RESULTS_DIR / time.strftime("micro_proposer-%Y%m%d-%H%M%S.json")
+    bench_common.write_json(out, report)
+    print(f"results in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

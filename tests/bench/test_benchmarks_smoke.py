@@ -1,0 +1,85 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Each benchmark script's --smoke mode runs and writes well-formed JSON.
+
+Speed is not checked (CI machines vary); only that the scripts work end to end and
+their reports carry the keys the README documents. Each script runs in its own
+process, so no vLLM engine outlives its test.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def run_smoke(script: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, str(BENCH / script), "--smoke", *args],
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def test_offline_smoke(tmp_path: Path) -> None:
+    run_smoke("offline.py", "--out", str(tmp_path), timeout=600)
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert {"environment", "results", "methods", "max_tokens"} <= report.keys()
+    assert {"vllm", "cpu", "dtype", "git"} <= report["environment"].keys()
+    rows = {r["method"]: r for r in report["results"]}
+    assert set(rows) == {"none", "logitspec"}
+    for row in rows.values():
+        assert row["status"] in ("ok", "unavailable"), row.get("reason")
+    none = rows["none"]
+    assert none["status"] == "ok"
+    assert {"output_tokens_per_s", "tokens_per_forward", "tokens_per_forward_by_category",
+            "ratio_to_none", "identical_to_none", "wall_s"} <= none.keys()
+    # Without drafts every forward emits exactly one token.
+    assert none["tokens_per_forward"] == pytest.approx(1.0)
+    spec = rows["logitspec"]
+    if spec["status"] == "ok":
+        assert {"num_drafts", "draft_acceptance_rate", "accepted_tokens_per_position",
+                "draft_utilization"} <= spec["spec_decode"].keys()
+        assert spec["proposer"]["calls"] > 0
+        # greedy fp32 speculation is lossless
+        assert spec["identical_to_none"] == "2/2"
+    assert (tmp_path / "results.md").is_file()
+
+
+def test_micro_proposer_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "micro.json"
+    run_smoke("micro_proposer.py", "--json", str(out), timeout=300)
+    report = json.loads(out.read_text())
+    methods = {r["method"] for r in report["results"]}
+    assert any(m.startswith("vLLM NgramProposer") for m in methods)
+    assert any(m.startswith("vllm-echo forest") for m in methods)
+    for row in report["results"]:
+        assert {"batch", "context", "ms_per_step", "ns_per_context_token"} <= row.keys()
+        assert row["ms_per_step"] > 0
+
+
+def test_simulate_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "sim.json"
+    run_smoke("simulate.py", "--json", str(out), timeout=300)
+    report = json.loads(out.read_text())
+    assert report["replayed_prompts"] == 2
+    results = report["methods"]
+    assert results["none"]["tokens_per_step"] == pytest.approx(1.0)
+    for name, row in results.items():
+        assert {"tokens_per_step", "drafted_per_step", "steps", "tokens"} <= row.keys(), name
+        assert row["tokens_per_step"] >= 1.0
+
+
+def test_online_smoke(tmp_path: Path) -> None:
+    run_smoke("online.py", "--out", str(tmp_path), timeout=600)
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert "error" not in report, report.get("error")
+    (level,) = report["levels"]
+    assert level["completed"] == 2 and level["errors"] == 0
+    assert level["output_tokens"] > 0
+    assert {"p50", "p99", "mean"} <= level["ttft_ms"].keys()
+    assert {"output_tokens_per_s", "itl_ms", "tpot_ms"} <= level.keys()

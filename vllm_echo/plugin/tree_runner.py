@@ -1,0 +1,145 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Model-runner side of tree verification: positions, acceptance, KV compaction.
+
+Installed on the runner instance that owns our proposer (see patches.py):
+- after ``_prepare_inputs``: find this step's tree requests, give their nodes
+  RoPE positions base + depth (slots stay linear, so vLLM's KV allocation is
+  untouched), and publish the step to the attention layers;
+- inside ``_sample``: after vLLM's own sampling, replace each tree request's
+  row with the greedy tree verdict ``[path tokens..., bonus]`` and move the
+  accepted path's K/V to the consecutive slots vLLM assumes. This happens before
+  the next schedule() can hash the block for prefix caching.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from vllm_echo.algos.verify import verify_greedy
+from vllm_echo.plugin import tree_state
+
+
+def tree_unsafe_reason(params: Any) -> str | None:
+    """Why a request must not be verified as a tree (None: trees are fine).
+
+    These features read the draft list as a chain (penalties, bad words, min
+    tokens and allowed-token masks use it as history; grammars advance through it;
+    draft logprobs come from chain rows), or need the stochastic verifier.
+    """
+    if params is None:
+        return "no sampling params"
+    if params.temperature > 0:
+        return "temperature > 0 (tree verification is greedy in this release)"
+    if params.logprobs is not None:
+        return "logprobs requested"
+    if (params.presence_penalty or params.frequency_penalty
+            or params.repetition_penalty != 1.0):
+        return "penalties"
+    if params.bad_words or params.min_tokens or params.logit_bias or params.allowed_token_ids:
+        return "bad_words/min_tokens/logit_bias/allowed_token_ids"
+    if params.structured_outputs is not None:
+        return "structured output"
+    return None
+
+
+def install_prepare_hook(runner: Any, on_error: Callable[[str, BaseException], None]) -> None:
+    if getattr(runner, "_vllm_echo_prepare_wrapped", False):
+        return
+    original = runner._prepare_inputs
+
+    def _prepare_inputs(scheduler_output, num_scheduled_tokens):
+        result = original(scheduler_output, num_scheduled_tokens)
+        tree_state.STEP = None
+        if tree_state.TREES and scheduler_output.scheduled_spec_decode_tokens:
+            try:
+                tree_state.STEP = _collect_step(runner, scheduler_output)
+            except Exception as exc:  # degrade to vLLM's chain semantics
+                tree_state.STEP = None
+                _restore_positions(runner, num_scheduled_tokens)
+                on_error("tree step preparation", exc)
+        return result
+
+    runner._prepare_inputs = _prepare_inputs
+    runner._vllm_echo_prepare_wrapped = True
+
+
+def _collect_step(runner: Any, scheduler_output: Any) -> tree_state.StepTrees | None:
+    batch = runner.input_batch
+    query_start = runner.query_start_loc.np
+    trees, all_rows = [], []
+    for req_id, scheduled in scheduler_output.scheduled_spec_decode_tokens.items():
+        draft = tree_state.TREES.get(req_id)
+        if draft is None:
+            continue
+        i = batch.req_id_to_index[req_id]
+        rows = tree_state.tree_rows(i, int(query_start[i]), int(batch.num_computed_tokens_cpu[i]),
+                                    draft, scheduled)
+        if rows is None:
+            continue
+        positions = torch.from_numpy(tree_state.positions_of(rows))
+        qs = rows.query_start
+        runner.positions[qs:qs + rows.num_rows] = positions.to(runner.positions.device)
+        trees.append(rows)
+        all_rows.append(np.arange(qs, qs + rows.num_rows))
+    if not trees:
+        return None
+    rows = torch.from_numpy(np.concatenate(all_rows)).to(runner.positions.device)
+    return tree_state.StepTrees(trees, rows)
+
+
+def _restore_positions(runner: Any, num_scheduled_tokens: np.ndarray) -> None:
+    """Undo partial position overrides: plain num_computed + query position."""
+    batch = runner.input_batch
+    n = len(num_scheduled_tokens)
+    starts = np.repeat(batch.num_computed_tokens_cpu[:n], num_scheduled_tokens)
+    offsets = np.concatenate([np.arange(k) for k in num_scheduled_tokens])
+    runner.positions[:len(starts)] = torch.from_numpy(starts + offsets).to(runner.positions.device)
+
+
+def verify_step_trees(logits: torch.Tensor, metadata: Any, sampled: torch.Tensor,
+                      compact: Callable, on_error: Callable[[str, BaseException], None]
+                      ) -> dict[int, int]:
+    """Apply greedy tree verification to the step's tree requests (in place).
+
+    Returns, per tree request's batch row, the logits row that produced its last
+    token (the bonus), for the next-next capture. Never leaves a wrong row: if
+    verification fails a request accepts no draft (the root row's argmax is the
+    right next token whatever the tree), and if compaction fails it keeps only the
+    accepted nodes that were already in place.
+    """
+    step = tree_state.STEP
+    tree_state.STEP = None
+    last_rows: dict[int, int] = {}
+    if step is None:
+        return last_rows
+    offset = 0
+    for tree in step.trees:
+        n = len(tree.token_ids)
+        start = int(metadata.bonus_logits_indices[tree.req_idx]) - n
+        argmax = logits[start:start + n + 1].argmax(dim=-1).cpu().numpy()
+        try:
+            if metadata.num_draft_tokens[tree.req_idx] != n:
+                raise RuntimeError(f"{n} tree nodes prepared but "
+                                   f"{metadata.num_draft_tokens[tree.req_idx]} drafts sampled")
+            path, _ = verify_greedy(tree.token_ids, tree.parents, argmax)
+        except Exception as exc:
+            on_error("tree verification", exc)
+            path = []
+        try:
+            compact(tree, offset, path, step.captured)
+        except Exception as exc:
+            on_error("KV compaction", exc)
+            in_place = next((k for k, j in enumerate(path) if j != k), len(path))
+            path = path[:in_place]
+        tree_state.COUNTERS["tree_verifications"] += 1
+        tree_state.COUNTERS["tree_compactions"] += any(j != k for k, j in enumerate(path))
+        last = path[-1] + 1 if path else 0
+        row = [int(tree.token_ids[j]) for j in path] + [int(argmax[last])]
+        sampled[tree.req_idx].fill_(-1)
+        sampled[tree.req_idx, :len(row)] = torch.tensor(row, dtype=sampled.dtype)
+        last_rows[tree.req_idx] = start + last
+        offset += tree.num_rows
+    return last_rows
