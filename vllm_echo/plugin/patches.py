@@ -14,12 +14,36 @@ Each entry says what is patched, why, and which upstream code it stands in for
       becomes a SpeculativeConfig (used by LLM, EngineArgs, AsyncEngineArgs, serve).
 
 2. ``runner._sample`` (instance attribute of the runner that owns our proposer)
-   What: after the original sampling, record the top-k token ids of the raw logits
-      row that produced each request's last token.
-   Why: LogitSpec's next-next candidates come from those logits, and the
-      custom_class contract passes no logits to ``propose()``.
-   Upstream: vllm/v1/worker/gpu_model_runner.py:3437-3466 (_sample); installed
-      from our proposer's ``load_model`` (gpu_model_runner.py:5070, cpu_model_runner.py:74).
+   What: after the original sampling, (tree mode) replace each tree request's row
+      with the greedy tree verdict and compact its KV (tree_runner.verify_step_trees),
+      then record the top-k token ids of the raw logits row that produced each
+      request's last token (runner_hooks.install_sample_hook).
+   Why: vLLM verifies drafts as one chain per request; LogitSpec's next-next
+      candidates come from logits that the custom_class contract does not pass.
+   Upstream: vllm/v1/worker/gpu_model_runner.py:3437-3466 (_sample, rejection
+      sampler call); installed from our proposer's ``load_model``
+      (gpu_model_runner.py:5070, cpu_model_runner.py:74). The scheduler then
+      advances by the row's length (scheduler.py:2110-2127), so trees need no
+      scheduler change.
+
+3. ``runner._prepare_inputs`` (instance attribute; tree mode only)
+   What: after the original, overwrite ``runner.positions`` of tree nodes with
+      base + depth and publish the step's tree rows (tree_state.STEP).
+   Why: RoPE must see a node's depth, not its flat index. Slot mapping is
+      computed from positions inside the original, so slots stay linear and the
+      scheduler's KV allocation is untouched.
+   Upstream: gpu_model_runner.py:1920 (_prepare_inputs), :2135-2148 (positions,
+      slot mapping).
+
+4. ``AttentionBackendEnum.CPU_ATTN`` -> ``TreeCPUAttentionBackend`` (registry override;
+   tree mode on CPU only, registered from the proposer's __init__ in the worker)
+   What: a subclass of the CPU backend whose impl runs the native kernel, then
+      recomputes in torch the rows of tree requests that causal attention gets
+      wrong, and captures tree rows' K/V in ``do_kv_cache_update`` for compaction.
+   Why: the CPU kernel has no mask input; only overriding CPU_ATTN itself is
+      honoured on CPU (platforms/cpu.py:177-179).
+   Upstream: vllm/v1/attention/backends/registry.py:340 (register_backend),
+      cpu_attn.py:344-487 (forward, do_kv_cache_update).
 """
 
 from __future__ import annotations
