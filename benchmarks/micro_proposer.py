@@ -49,8 +49,8 @@ class Batch:
         self.candidates = zipf_tokens(rng, batch * TOPK).reshape(batch, TOPK)
 
 
-def time_echo(b: Batch, draft: Callable) -> tuple[float, float]:
-    """Mean seconds per step for extend + draft over the batch; index bytes per token."""
+def time_echo(b: Batch, draft: Callable) -> tuple[list[float], float]:
+    """Seconds of each step (extend + draft over the batch); index bytes per token."""
     from vllm_echo.algos.ngram_index import NgramIndex
 
     indexes = []
@@ -59,13 +59,15 @@ def time_echo(b: Batch, draft: Callable) -> tuple[float, float]:
         index.extend(b.tokens[r, :b.context])
         indexes.append(index)
     bytes_per_token = sum(ix.nbytes / ix.length for ix in indexes) / len(indexes)
-    start = time.perf_counter()
+    times = []
     for s in range(b.steps):
         col = b.context + s
+        start = time.perf_counter()
         for r, index in enumerate(indexes):
             index.extend(b.tokens[r, col:col + 1])
             draft(index, b.candidates[r])
-    return (time.perf_counter() - start) / b.steps, bytes_per_token
+        times.append(time.perf_counter() - start)
+    return times, bytes_per_token
 
 
 def vllm_ngram_proposer(k: int, lo: int, hi: int, max_model_len: int, max_num_seqs: int):
@@ -81,15 +83,18 @@ def vllm_ngram_proposer(k: int, lo: int, hi: int, max_model_len: int, max_num_se
     return NgramProposer(config)
 
 
-def time_vllm(b: Batch, proposer) -> float:
+def time_vllm(b: Batch, proposer) -> list[float]:
+    """Seconds of each step (one ``propose`` over the batch)."""
     token_ids = np.zeros((b.batch, proposer.max_model_len), dtype=np.int32)
     token_ids[:, :b.tokens.shape[1]] = b.tokens
-    start = time.perf_counter()
+    times = []
     for s in range(b.steps):
         num_tokens = np.full(b.batch, b.context + s + 1, dtype=np.int32)
         sampled = [[int(t)] for t in b.tokens[:, b.context + s]]
+        start = time.perf_counter()
         proposer.propose(proposer.k, sampled, num_tokens, token_ids)
-    return (time.perf_counter() - start) / b.steps
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def echo_methods() -> dict[str, Callable]:
@@ -99,6 +104,15 @@ def echo_methods() -> dict[str, Callable]:
         "vllm-echo forest c64 (extend+build_forest)": lambda ix, c: build_forest(ix, c, 64),
         "vllm-echo chain K=4 (extend+first_chain)": lambda ix, c: first_chain(ix, c, 4),
     }
+
+
+def _row(method: str, b: Batch, times: list[float], bytes_per_token: float | None) -> dict:
+    # Median: robust to the scheduler preempting a step on a shared machine.
+    med = float(np.median(times))
+    return {"method": method, "batch": b.batch, "context": b.context,
+            "ms_per_step": 1e3 * med, "ms_per_step_mean": 1e3 * float(np.mean(times)),
+            "ns_per_context_token": 1e9 * med / (b.batch * b.context),
+            "index_bytes_per_token": bytes_per_token}
 
 
 def run(batches: list[int], contexts: list[int], steps: int) -> dict[str, Any]:
@@ -120,17 +134,10 @@ def run(batches: list[int], contexts: list[int], steps: int) -> dict[str, Any]:
         for batch in batches:
             b = Batch(batch, context, steps)
             for name, draft in echo.items():
-                sec, bpt = time_echo(b, draft)
-                rows.append({"method": name, "batch": batch, "context": context,
-                             "ms_per_step": 1e3 * sec,
-                             "ns_per_context_token": 1e9 * sec / (batch * context),
-                             "index_bytes_per_token": bpt})
+                times, bpt = time_echo(b, draft)
+                rows.append(_row(name, b, times, bpt))
             for name, proposer in proposers.items():
-                sec = time_vllm(b, proposer)
-                rows.append({"method": name, "batch": batch, "context": context,
-                             "ms_per_step": 1e3 * sec,
-                             "ns_per_context_token": 1e9 * sec / (batch * context),
-                             "index_bytes_per_token": None})
+                rows.append(_row(name, b, time_vllm(b, proposer), None))
     return {"benchmark": "micro_proposer", "steps_per_config": steps,
             "token_distribution": f"zipf(1.1) over {VOCAB}", "topk": TOPK,
             "environment": bench_common.environment(), "results": rows}
@@ -149,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         args.batch_sizes, args.contexts, args.steps = [1, 4], [1024], 3
     report = run(args.batch_sizes, args.contexts, args.steps)
     print(bench_common.markdown_table(
-        ["method", "batch", "context", "ms/step", "ns/context token", "index B/token"],
+        ["method", "batch", "context", "ms/step (median)", "ns/context token",
+         "index B/token"],
         [[r["method"], r["batch"], r["context"], f"{r['ms_per_step']:.4f}",
           f"{r['ns_per_context_token']:.2f}", r["index_bytes_per_token"]]
          for r in report["results"]]))

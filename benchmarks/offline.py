@@ -134,17 +134,17 @@ def prepare_prompts(args, model: str, count: int):
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
-    rendered: dict[int, list[int]] = {}
+    rendered: dict[str, list[int]] = {}
 
     def fits(p) -> bool:
-        rendered[id(p)] = render(p.as_chat())
-        return len(rendered[id(p)]) + args.max_tokens <= args.max_model_len
+        rendered[p.text] = render(p.as_chat())
+        return len(rendered[p.text]) + args.max_tokens <= args.max_model_len
 
     chosen, skipped = bench_common.load_prompts_fitting(args.dataset, count, fits)
     import offline_worker  # light module: its vLLM imports are inside functions
 
     warm = render([{"role": "user", "content": offline_worker.WARMUP_MESSAGE}])
-    return chosen, [rendered[id(p)] for p in chosen], warm, skipped
+    return chosen, [rendered[p.text] for p in chosen], warm, skipped
 
 
 def run_config(job: dict, workdir: Path, name: str, timeout: float) -> dict:
@@ -189,6 +189,17 @@ def compare_with_none(rows: list[dict], temperature: float) -> None:
             r["identical_to_none"] = f"{same}/{len(ref['token_ids'])}"
 
 
+def _per_position(counts: list | None) -> str | None:
+    """Accepted tokens per draft position, trailing zeros cut (K can be 63 for trees)."""
+    if not counts:
+        return None
+    shown = list(counts)
+    while len(shown) > 1 and shown[-1] == 0:
+        shown.pop()
+    text = ",".join(str(int(c)) for c in shown[:8]) + (",…" if len(shown) > 8 else "")
+    return f"{text} (K={len(counts)})"
+
+
 def markdown(report: dict) -> str:
     env = report["environment"]
     head = (f"# Offline benchmark\n\nModel `{report['model']}`, dataset `{report['dataset']}`, "
@@ -207,9 +218,10 @@ def markdown(report: dict) -> str:
                      r.get("output_tokens_per_s"), r.get("ratio_to_none"),
                      r.get("tokens_per_forward"), spec.get("draft_acceptance_rate"),
                      spec.get("draft_utilization"),
-                     ",".join(map(str, spec["accepted_tokens_per_position"]))
-                     if spec.get("accepted_tokens_per_position") else None,
-                     prop.get("share_of_step_time"), r.get("identical_to_none"),
+                     _per_position(spec.get("accepted_tokens_per_position")),
+                     None if prop.get("share_of_step_time") is None
+                     else f"{100 * prop['share_of_step_time']:.2f}%",
+                     r.get("identical_to_none"),
                      status.replace("\n", " ").replace("|", "/")[:200]])
     text = head + bench_common.markdown_table(headers, rows)
     cats = sorted({c for r in report["results"]
@@ -238,6 +250,9 @@ def plots(report: dict, out: Path) -> list[str]:
                      if r["method"] == method)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method)
     ax.set_xscale("log", base=2)
+    batches = sorted({r["batch_size"] for r in ok})
+    ax.set_xticks(batches, [str(b) for b in batches])
+    ax.minorticks_off()
     ax.set_xlabel("batch size")
     ax.set_ylabel("output tokens / s")
     ax.set_title("Throughput vs batch size")

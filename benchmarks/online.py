@@ -115,7 +115,7 @@ class Server:
     def __exit__(self, *exc) -> None:
         proc = self.proc
         if proc is not None and proc.poll() is None:
-            for sig, wait in ((signal.SIGINT, 20), (signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+            for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 5)):
                 try:
                     os.killpg(proc.pid, sig)
                 except ProcessLookupError:

@@ -276,8 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     table = bench_common.markdown_table(
         ["method", "tokens/step", "drafted/step"],
         [[name, r["tokens_per_step"], r["drafted_per_step"]] for name, r in results.items()])
-    print(f"{len(rows)} prompts, {sum(r['tokens'] for r in results.values()) // len(results)} "
-          f"output tokens, replayed in {report['replay_s']:.1f} s\n\n{table}")
+    print(f"{len(rows)} prompts, {sum(len(r['output_ids']) for r in rows)} output tokens, "
+          f"replayed in {report['replay_s']:.1f} s\n\n{table}")
     if args.json:
         bench_common.write_json(args.json, report)
     return 0

@@ -27,6 +27,10 @@ VLLM_PASSTHROUGH_KEYS = frozenset({
     "disable_log_stats",
 })
 
+ECHO_KEYS = frozenset({"k_max", "delta", "max_sweet_spots", "calibration_steps", "gating",
+                       "fixed_tau", "shared_budget"})
+GATING_MODES = ("sparse", "dense")
+
 # Chain-mode draft length when the user gives none. On the 2-core CPU a verified
 # token costs real compute (see docs and benchmarks), so the default is short.
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
@@ -49,6 +53,20 @@ class EchoSettings:
             counting the root (drafts <= capacity - 1).
         tree: verify the whole forest as a token tree (default); False sends one
             chain per request (chain mode).
+
+    ECHO only (``method="echo"``):
+        k_max: verification budget per step for the whole batch, in draft tokens
+            (Σ K_i <= k_max). None: chosen every step from the measured cost of a
+            forward pass versus tokens verified (fitted during warm-up).
+        delta: AUC a depth needs to become a gating "sweet spot", in (0.5, 1).
+        max_sweet_spots: at most this many gated depths.
+        calibration_steps: verify steps of warm-up before sweet spots and
+            thresholds are calibrated and frozen (documented defaults before).
+        gating: "sparse" (gate only at sweet spots) or "dense" (ablation: every depth).
+        fixed_tau: ablation: one threshold for all sweet spots (true = 0.2, or a
+            probability); false = per-depth calibrated thresholds.
+        shared_budget: ablation switch: false gives every request a fixed share
+            instead of moving budget between requests.
     """
 
     method: str = "logitspec"
@@ -58,6 +76,13 @@ class EchoSettings:
     topk: int = 64
     capacity: int = 64
     tree: bool = True
+    k_max: int | None = None
+    delta: float = 0.75
+    max_sweet_spots: int = 3
+    calibration_steps: int = 256
+    gating: str = "sparse"
+    fixed_tau: bool | float = False
+    shared_budget: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -78,9 +103,33 @@ class EchoSettings:
                 raise ValueError(
                     f"speculative_config: {name}={value!r} is out of range; allowed: {allowed}")
 
-        if not isinstance(self.tree, bool):
-            raise ValueError(f"speculative_config: tree={self.tree!r} has type "
-                             f"{type(self.tree).__name__}; expected true or false")
+        for name in ("tree", "shared_budget"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise ValueError(f"speculative_config: {name}={value!r} has type "
+                                 f"{type(value).__name__}; expected true or false")
+        self._check_echo()
+
+    def _check_echo(self) -> None:
+        def bad(name, allowed):
+            raise ValueError(f"speculative_config: {name}={getattr(self, name)!r} is invalid; "
+                             f"allowed: {allowed}")
+
+        if self.k_max is not None and (isinstance(self.k_max, bool)
+                                       or not isinstance(self.k_max, int) or self.k_max < 1):
+            bad("k_max", "an integer >= 1, or null for the measured default")
+        if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) \
+                or not 0.5 < self.delta < 1:
+            bad("delta", "a number in (0.5, 1)")
+        for name, low, high in (("max_sweet_spots", 1, 16), ("calibration_steps", 1, 10**7)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                bad(name, f"an integer in [{low}, {high}]")
+        if self.gating not in GATING_MODES:
+            bad("gating", " or ".join(map(repr, GATING_MODES)))
+        tau = self.fixed_tau
+        if not isinstance(tau, bool) and (not isinstance(tau, (int, float)) or not 0 < tau < 1):
+            bad("fixed_tau", "true, false or a probability in (0, 1)")
 
     @classmethod
     def field_names(cls) -> frozenset[str]:
@@ -92,13 +141,23 @@ class EchoSettings:
         if not isinstance(raw, Mapping):
             raise ValueError(
                 f"speculative_config must be a JSON object, got {type(raw).__name__}")
-        known = cls.field_names()
+        method = raw.get("method", "logitspec")
+        known = cls.field_names() if method == "echo" else cls.field_names() - ECHO_KEYS
         unknown = sorted(k for k in raw if k not in known)
         if unknown:
+            hint = ""
+            if set(unknown) & ECHO_KEYS:
+                hint = " (ECHO keys apply to method 'echo' only)"
             raise ValueError(
                 f"speculative_config: unknown key(s) {', '.join(map(repr, unknown))} for "
-                f"method {raw.get('method')!r}; allowed: {', '.join(sorted(known))}")
+                f"method {method!r}{hint}; allowed: {', '.join(sorted(known))}")
         return cls(**dict(raw))
+
+    @property
+    def fixed_tau_value(self) -> float | None:
+        if self.fixed_tau is False:
+            return None
+        return 0.2 if self.fixed_tau is True else float(self.fixed_tau)
 
     @property
     def max_drafts(self) -> int:

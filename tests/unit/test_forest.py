@@ -85,3 +85,16 @@ def test_first_chain_prefers_retrieval_then_best_candidate():
     assert (chain.tolist(), source) == ([3, 4, 5], SOURCE_LOGITS)
     chain, source = first_chain(index, np.array([7], np.int32), 3)
     assert (chain.tolist(), source) == ([], SOURCE_NONE)
+
+
+def test_forest_nodes_record_rank_and_match_length():
+    from vllm_echo.algos.forest import build_forest_nodes
+
+    tokens = [1, 2, 3, 4, 5, 6, 1, 2, 3, 7, 8]
+    nodes = build_forest_nodes(_index(tokens), np.array([8, 4, 7, 99], np.int32), 64)
+    # chains [4,5,6,1] (rank 1, then m=1 retrieval), [7,8] (rank 2, m=1), [99] (rank 3)
+    assert nodes.rank.tolist() == [1, -1, -1, -1, 2, -1, 3]
+    assert nodes.match_len.tolist() == [0, 1, 1, 1, 0, 1, 0]
+    tokens = list(range(10, 40)) + [10, 11]
+    nodes = build_forest_nodes(_index(tokens), np.array([5], np.int32), 64)
+    assert nodes.match_len[:20].tolist() == [2] * 20 and nodes.rank[:20].tolist() == [-1] * 20

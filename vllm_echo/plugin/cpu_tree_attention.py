@@ -24,7 +24,7 @@ from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentio
 
 from vllm_echo.plugin import tree_state
 
-logger = logging.getLogger("vllm_echo")
+logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
 
 SUPPORTED_ISAS = ("vec", "vec16", "amx")
 

@@ -49,10 +49,7 @@ Each entry says what is patched, why, and which upstream code it stands in for
 from __future__ import annotations
 
 import functools
-import logging
 from typing import Any
-
-logger = logging.getLogger("vllm_echo")
 
 _MARK = "_vllm_echo_patched"
 

@@ -21,7 +21,7 @@ from vllm_echo.plugin.config_shim import settings_from_vllm_config
 from vllm_echo.plugin.runner_hooks import LastLogitsTopK, find_runner, install_sample_hook
 from vllm_echo.plugin.tree_runner import install_prepare_hook, tree_unsafe_reason
 
-logger = logging.getLogger("vllm_echo")
+logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
 
 
 SOURCE_TREE = 3
@@ -85,6 +85,7 @@ class LogitSpecProposer:
         self.stats = DraftStats()
         self.tree_enabled = self.settings.tree and tree_support.prepare(vllm_config)
         self._layout_checked = False
+        self._timer: Any = None  # runner_hooks.ForwardTimer, for proposers that cost steps
 
     # -- vLLM contract -------------------------------------------------------------
 
@@ -92,10 +93,11 @@ class LogitSpecProposer:
         self._runner = find_runner()
         if self.tree_enabled:
             self.tree_enabled = tree_support.check_model(model)
-        if self.tree_enabled:
-            install_prepare_hook(self._runner, self._log_failure)
+        if self.tree_enabled or self._timer is not None:
+            install_prepare_hook(self._runner, self._log_failure, self._timer)
         install_sample_hook(self._runner, self._last_logits, self._log_failure,
-                            compact=tree_support.compactor() if self.tree_enabled else None)
+                            compact=tree_support.compactor() if self.tree_enabled else None,
+                            timer=self._timer)
         self._warm_up()
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
@@ -110,10 +112,13 @@ class LogitSpecProposer:
 
     # -- internals -----------------------------------------------------------------
 
-    def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu):
+    def _check_layout(self) -> None:
         if self.tree_enabled and not self._layout_checked:
             self._layout_checked = True  # the KV cache exists only after start-up
             self.tree_enabled = tree_support.layout_ok()
+
+    def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu):
+        self._check_layout()
         batch = self._runner.input_batch
         req_ids = batch.req_ids
         self._release_finished(batch.req_id_to_index)
@@ -215,10 +220,17 @@ class LogitSpecProposer:
 
     def snapshot(self) -> dict[str, int]:
         """Counters plus the number of requests holding retrieval state."""
-        return {**self.stats.flat(), **tree_state.COUNTERS, "tracked_requests": len(self._states)}
+        return {**self.stats.flat(), **tree_state.COUNTERS, "tracked_requests": len(self._states),
+                "trees_held": len(tree_state.TREES)}
 
 
-def worker_stats(worker: Any) -> dict[str, int] | None:
+def worker_stats(worker: Any) -> dict[str, Any] | None:
+    """For ``LLM.collective_rpc(worker_stats)``: the drafter's counters on that worker."""
+    drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
+    return drafter.snapshot() if isinstance(drafter, LogitSpecProposer) else None
+
+
+def worker_stats(worker: Any) -> dict[str, Any] | None:
     """For ``LLM.collective_rpc(worker_stats)``: the drafter's counters on that worker."""
     drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
     return drafter.snapshot() if isinstance(drafter, LogitSpecProposer) else None

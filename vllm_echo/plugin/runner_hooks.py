@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import Any, Callable
 
 import numpy as np
 
-logger = logging.getLogger("vllm_echo")
+logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
 
 
 def find_runner() -> Any:
@@ -49,6 +50,7 @@ class LastLogitsTopK:
         self.k = k
         self.req_ids: list[str] = []
         self.token_ids: np.ndarray | None = None  # [num_reqs, k], best first
+        self.logprobs: np.ndarray | None = None   # [num_reqs, k], log softmax of raw logits
 
     def rows_for(self, req_ids: list[str]) -> np.ndarray | None:
         if self.token_ids is None or self.req_ids != req_ids[: len(self.req_ids)]:
@@ -56,9 +58,28 @@ class LastLogitsTopK:
         return self.token_ids
 
 
+class ForwardTimer:
+    """Forward-pass time vs tokens in the step: from the end of ``_prepare_inputs``
+    to the start of ``_sample`` (model forward plus logits), fed to ``sink(n, s)``."""
+
+    def __init__(self, sink: Callable[[int, float], None]):
+        self.sink = sink
+        self._start: tuple[int, float] | None = None
+
+    def started(self, num_tokens: int) -> None:
+        self._start = (num_tokens, time.perf_counter())
+
+    def stopped(self) -> None:
+        if self._start is not None:
+            num_tokens, t0 = self._start
+            self._start = None
+            self.sink(num_tokens, time.perf_counter() - t0)
+
+
 def install_sample_hook(runner: Any, sink: LastLogitsTopK,
                         on_error: Callable[[str, BaseException], None],
-                        compact: Callable | None = None) -> None:
+                        compact: Callable | None = None,
+                        timer: ForwardTimer | None = None) -> None:
     """Wrap ``runner._sample`` (instance attribute): tree verdicts, then top-k capture.
 
     With ``compact`` (tree mode), the step's tree requests get their greedy tree
@@ -76,6 +97,8 @@ def install_sample_hook(runner: Any, sink: LastLogitsTopK,
     original = runner._sample
 
     def _sample(logits, spec_decode_metadata):
+        if timer is not None:
+            timer.stopped()
         output = original(logits, spec_decode_metadata)
         sink.token_ids = None
         if logits is None or spec_decode_metadata is None:
@@ -85,7 +108,8 @@ def install_sample_hook(runner: Any, sink: LastLogitsTopK,
             from vllm_echo.plugin.tree_runner import verify_step_trees
 
             last_rows = verify_step_trees(logits, spec_decode_metadata,
-                                          output.sampled_token_ids, compact, on_error)
+                                          output.sampled_token_ids, compact, on_error,
+                                          runner.input_batch.sampling_metadata)
         try:
             sampled = output.sampled_token_ids
             num_generated = (sampled != -1).sum(dim=1).clamp_(min=1)
@@ -95,8 +119,10 @@ def install_sample_hook(runner: Any, sink: LastLogitsTopK,
             for i, row in last_rows.items():
                 rows[i] = row
             k = min(sink.k, logits.shape[-1])
-            top = torch.topk(logits[rows], k, dim=-1).indices
-            sink.token_ids = top.to(torch.int32).cpu().numpy()
+            last = logits[rows].float()
+            top = torch.topk(last, k, dim=-1)
+            sink.token_ids = top.indices.to(torch.int32).cpu().numpy()
+            sink.logprobs = (top.values - torch.logsumexp(last, dim=-1, keepdim=True)).cpu().numpy()
             sink.req_ids = list(runner.input_batch.req_ids[: sampled.shape[0]])
         except Exception as exc:  # never let drafting break sampling
             on_error("logits capture", exc)

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from vllm_echo.algos.verify import verify_greedy
+from vllm_echo.algos.verify import verify_greedy, verify_sampling
 from vllm_echo.plugin import tree_state
 
 
@@ -31,8 +31,8 @@ def tree_unsafe_reason(params: Any) -> str | None:
     """
     if params is None:
         return "no sampling params"
-    if params.temperature > 0:
-        return "temperature > 0 (tree verification is greedy in this release)"
+    if params.temperature > 0 and params.min_p:
+        return "min_p sampling"
     if params.logprobs is not None:
         return "logprobs requested"
     if (params.presence_penalty or params.frequency_penalty
@@ -45,13 +45,17 @@ def tree_unsafe_reason(params: Any) -> str | None:
     return None
 
 
-def install_prepare_hook(runner: Any, on_error: Callable[[str, BaseException], None]) -> None:
+def install_prepare_hook(runner: Any, on_error: Callable[[str, BaseException], None],
+                         timer: Any = None) -> None:
+    """``timer`` (runner_hooks.ForwardTimer) starts timing the forward pass here."""
     if getattr(runner, "_vllm_echo_prepare_wrapped", False):
         return
     original = runner._prepare_inputs
 
     def _prepare_inputs(scheduler_output, num_scheduled_tokens):
         result = original(scheduler_output, num_scheduled_tokens)
+        if timer is not None:
+            timer.started(int(scheduler_output.total_num_scheduled_tokens))
         tree_state.STEP = None
         if tree_state.TREES and scheduler_output.scheduled_spec_decode_tokens:
             try:
@@ -75,8 +79,8 @@ def _collect_step(runner: Any, scheduler_output: Any) -> tree_state.StepTrees | 
         if draft is None:
             continue
         i = batch.req_id_to_index[req_id]
-        rows = tree_state.tree_rows(i, int(query_start[i]), int(batch.num_computed_tokens_cpu[i]),
-                                    draft, scheduled)
+        rows = tree_state.tree_rows(req_id, i, int(query_start[i]),
+                                    int(batch.num_computed_tokens_cpu[i]), draft, scheduled)
         if rows is None:
             continue
         positions = torch.from_numpy(tree_state.positions_of(rows))
@@ -99,10 +103,35 @@ def _restore_positions(runner: Any, num_scheduled_tokens: np.ndarray) -> None:
     runner.positions[:len(starts)] = torch.from_numpy(starts + offsets).to(runner.positions.device)
 
 
+def _target_probs(rows: torch.Tensor, sampling: Any, req_idx: int) -> np.ndarray:
+    """The distribution vLLM samples request ``req_idx`` from, for each logits row:
+    temperature, then top-k / top-p (penalties and min_p keep a request off trees)."""
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+    x = rows.float() / float(sampling.temperature[req_idx])
+    n = x.shape[0]
+    k = None if sampling.top_k is None else sampling.top_k[req_idx].expand(n)
+    p = None if sampling.top_p is None else sampling.top_p[req_idx].expand(n)
+    if k is not None or p is not None:
+        x = apply_top_k_top_p_pytorch(x, k, p)
+    return torch.softmax(x, dim=-1).double().cpu().numpy()
+
+
+def _request_rng(sampling: Any, req_idx: int) -> np.random.Generator:
+    """Seeded requests stay reproducible: draw from the request's own generator."""
+    generator = sampling.generators.get(req_idx)
+    seed = torch.randint(0, 2**62, (1,), generator=generator).item()
+    return np.random.default_rng(seed)
+
+
 def verify_step_trees(logits: torch.Tensor, metadata: Any, sampled: torch.Tensor,
-                      compact: Callable, on_error: Callable[[str, BaseException], None]
-                      ) -> dict[int, int]:
-    """Apply greedy tree verification to the step's tree requests (in place).
+                      compact: Callable, on_error: Callable[[str, BaseException], None],
+                      sampling: Any = None) -> dict[int, int]:
+    """Apply tree verification to the step's tree requests (in place).
+
+    Greedy requests accept the longest path matching the target's argmax; sampled
+    requests use recursive rejection over siblings against the processed target
+    distribution (drafts are point masses), which keeps that distribution exact.
 
     Returns, per tree request's batch row, the logits row that produced its last
     token (the bonus), for the next-next capture. Never leaves a wrong row: if
@@ -120,26 +149,45 @@ def verify_step_trees(logits: torch.Tensor, metadata: Any, sampled: torch.Tensor
         n = len(tree.token_ids)
         start = int(metadata.bonus_logits_indices[tree.req_idx]) - n
         argmax = logits[start:start + n + 1].argmax(dim=-1).cpu().numpy()
+        # vLLM marks greedy requests with temperature <= 0 (None when all are greedy)
+        greedy = (sampling is None or sampling.all_greedy
+                  or float(sampling.temperature[tree.req_idx]) <= 0)
         try:
             if metadata.num_draft_tokens[tree.req_idx] != n:
                 raise RuntimeError(f"{n} tree nodes prepared but "
                                    f"{metadata.num_draft_tokens[tree.req_idx]} drafts sampled")
-            path, _ = verify_greedy(tree.token_ids, tree.parents, argmax)
+            if greedy:
+                path, next_token = verify_greedy(tree.token_ids, tree.parents, argmax)
+            else:
+                probs = _target_probs(logits[start:start + n + 1], sampling, tree.req_idx)
+                path, next_token = verify_sampling(tree.token_ids, tree.parents, probs,
+                                                   _request_rng(sampling, tree.req_idx))
         except Exception as exc:
             on_error("tree verification", exc)
-            path = []
+            path, next_token = [], None
+            if not greedy:  # no tree verdict: keep vLLM's own sample of the root row
+                next_token = int(sampled[tree.req_idx, 0])
         try:
             compact(tree, offset, path, step.captured)
         except Exception as exc:
             on_error("KV compaction", exc)
             in_place = next((k for k, j in enumerate(path) if j != k), len(path))
-            path = path[:in_place]
+            if in_place < len(path):
+                path = path[:in_place]
+                # the verdict's next token belonged to the cut path: resample safely
+                next_token = int(argmax[path[-1] + 1 if path else 0]) if greedy else None
+                if next_token is None:
+                    path, next_token = [], int(sampled[tree.req_idx, 0])
         tree_state.COUNTERS["tree_verifications"] += 1
         tree_state.COUNTERS["tree_compactions"] += any(j != k for k, j in enumerate(path))
         last = path[-1] + 1 if path else 0
-        row = [int(tree.token_ids[j]) for j in path] + [int(argmax[last])]
+        if next_token is None:
+            next_token = int(argmax[last])
+        row = [int(tree.token_ids[j]) for j in path] + [next_token]
         sampled[tree.req_idx].fill_(-1)
         sampled[tree.req_idx, :len(row)] = torch.tensor(row, dtype=sampled.dtype)
         last_rows[tree.req_idx] = start + last
+        if tree_state.RECORD_PATHS:
+            tree_state.LAST_PATHS[tree.req_id] = path
         offset += tree.num_rows
     return last_rows

@@ -28,6 +28,7 @@ class TreeDraft:
 class TreeRows:
     """One tree request inside the current step's flattened batch."""
 
+    req_id: str
     req_idx: int           # row in the input batch
     query_start: int       # first query row (the root) in the flattened tokens
     context_len: int       # tokens already in the KV cache before this step (C)
@@ -58,9 +59,13 @@ STEP: StepTrees | None = None
 # tree requests verified, and those whose accepted path left the first branch and
 # so needed KV compaction.
 COUNTERS = {"tree_verifications": 0, "tree_compactions": 0}
+# req_id -> accepted node indices of its last tree verification, kept only when a
+# proposer that learns from verdicts (ECHO) asks for them and pops them.
+RECORD_PATHS = False
+LAST_PATHS: dict[str, list[int]] = {}
 
 
-def tree_rows(req_idx: int, query_start: int, context_len: int, draft: TreeDraft,
+def tree_rows(req_id: str, req_idx: int, query_start: int, context_len: int, draft: TreeDraft,
               scheduled: list[int]) -> TreeRows | None:
     """The tree record for a request, or None when it should run as vLLM's chain.
 
@@ -83,7 +88,7 @@ def tree_rows(req_idx: int, query_start: int, context_len: int, draft: TreeDraft
     # attention already computes (e.g. the first branch): skip recomputing them.
     causal = torch.ones(n + 1, n + 1, dtype=torch.bool).tril_()
     recompute = torch.nonzero((anc != causal).any(dim=1)).flatten()
-    return TreeRows(req_idx, query_start, context_len, draft.token_ids[:n].copy(), parents,
+    return TreeRows(req_id, req_idx, query_start, context_len, draft.token_ids[:n].copy(), parents,
                     anc, recompute)
 
 

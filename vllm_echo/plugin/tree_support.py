@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-logger = logging.getLogger("vllm_echo")
+logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
 
 _TREE_BACKEND = "vllm_echo.plugin.cpu_tree_attention.TreeCPUAttentionBackend"
 _attention_layers: list[Any] = []

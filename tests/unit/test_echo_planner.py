@@ -1,0 +1,68 @@
+# SPDX-License-Identifier: Apache-2.0
+import numpy as np
+import pytest
+
+from vllm_echo.algos.echo.planner import Candidates, CostModel, EchoPlanner, throughput_budget
+from vllm_echo.algos.forest import build_forest_nodes
+from vllm_echo.algos.ngram_index import NgramIndex
+from vllm_echo.algos.tree import validate_parents
+from vllm_echo.config import EchoSettings
+
+
+def test_throughput_budget_known_answers():
+    probs = np.array([0.9, 0.8, 0.3, 0.05])
+    # free verification: take everything
+    assert throughput_budget(probs, 1, a=1.0, b=0.0) == 4
+    # a token costs as much as the fixed part: 1/2, 1.9/3, 2.7/4 (best), 3.0/5, 3.05/6
+    assert throughput_budget(probs, 1, a=1.0, b=1.0) == 2
+    # batch 64, T = 1 + 0.05 N: a draft pays off only if p > 0.05 * 64 / 4.2 = 0.76
+    assert throughput_budget(probs, 64, a=1.0, b=0.05) == 2
+    assert throughput_budget(np.array([0.5, 0.3, 0.1]), 64, a=1.0, b=0.05) == 0
+    assert throughput_budget(np.empty(0), 4, a=1.0, b=0.1) == 0
+
+
+def test_cost_model_fits_linear_time_and_freezes():
+    model = CostModel(min_samples=6, min_distinct=3, freeze_after=10)
+    for n in [1, 5, 17, 33, 1, 5, 17, 33, 65, 65]:
+        model.add(n, 0.05 + 0.001 * n)
+    a, b = model.coef
+    assert a == pytest.approx(0.05, abs=1e-6) and b == pytest.approx(0.001, abs=1e-7)
+    assert model.frozen
+    model.add(1000, 99.0)  # ignored once frozen
+    assert model.coef == (a, b)
+
+
+def _candidates(tokens, candidates, capacity=32):
+    index = NgramIndex(3, 20)
+    index.extend(np.asarray(tokens, dtype=np.int32))
+    nodes = build_forest_nodes(index, np.asarray(candidates, dtype=np.int32), capacity)
+    head_logp = np.log(np.linspace(0.3, 0.01, len(candidates)))
+    return Candidates(*nodes, head_logp=head_logp)
+
+
+def test_plan_respects_budget_cap_and_returns_valid_trees():
+    rng = np.random.default_rng(0)
+    batch = [_candidates(rng.integers(0, 8, 120).tolist(), rng.permutation(50)[:16])
+             for _ in range(5)] + [None]
+    planner = EchoPlanner(EchoSettings(method="echo", k_max=12))
+    drafts, plans = planner.plan(batch, per_request_cap=6)
+    assert len(drafts) == 6 and plans[-1] is None and len(drafts[-1][0]) == 0
+    assert sum(len(t) for t, _ in drafts) <= 12
+    for tokens, parents in drafts:
+        assert len(tokens) <= 6
+        validate_parents(parents)
+
+
+def test_observe_learns_from_verdicts_and_calibrates_after_warmup():
+    rng = np.random.default_rng(1)
+    planner = EchoPlanner(EchoSettings(method="echo", k_max=64, calibration_steps=30))
+    for _ in range(40):
+        batch = [_candidates(rng.integers(0, 6, 80).tolist(), rng.permutation(30)[:8])]
+        drafts, plans = planner.plan(batch, per_request_cap=16)
+        tokens, parents = drafts[0]
+        # accept the first root child if any (a path of length 1)
+        path = [int(np.flatnonzero(parents == -1)[0])] if len(tokens) else []
+        planner.observe([(plans[0], path, 0)])
+    assert planner.prior.num_observations > 0
+    assert planner.stats.as_dict()["steps"] == 40
+    assert planner.calibration_report is not None  # finalized once, defaults or calibrated

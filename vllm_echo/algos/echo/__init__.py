@@ -1,0 +1,47 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ECHO core (numpy only): scores, gate calibration, gate, batch budget, cost, stats.
+
+Per step, for a batch of retrieval forests:
+
+1. node log-probs (target logits for next-next candidates,
+   :class:`AcceptancePrior` for retrieved tokens) -> :func:`path_scores` S;
+2. :func:`truncation_depth` with the current :class:`GateConfig`
+   (:data:`DEFAULT_GATE` until a :class:`Calibrator` has finalized);
+3. :func:`schedule_budget` over :class:`CandidateTree` objects under K_max
+   (from :func:`knee_k_max`), then :func:`subtree` per request;
+4. after verification: :meth:`AcceptancePrior.observe_tree`,
+   :meth:`Calibrator.observe` (warm-up), :meth:`EchoStepStats.record_step`.
+"""
+
+from vllm_echo.algos.echo.budget import (BudgetResult, CandidateTree, schedule_budget,
+                                         subtree)
+from vllm_echo.algos.echo.calibration import (DEFAULT_GATE, Calibrator, GateConfig,
+                                              auc_mann_whitney, youden_threshold)
+from vllm_echo.algos.echo.cost import (KneeResult, expected_tokens_per_second, knee_k_max,
+                                       step_time_at)
+from vllm_echo.algos.echo.gate import GateDecision, truncation_depth, truncation_depths
+from vllm_echo.algos.echo.scores import AcceptancePrior, depth_confidence, path_scores
+from vllm_echo.algos.echo.stats import EchoStepStats
+
+__all__ = [
+    "AcceptancePrior",
+    "BudgetResult",
+    "Calibrator",
+    "CandidateTree",
+    "DEFAULT_GATE",
+    "EchoStepStats",
+    "GateConfig",
+    "GateDecision",
+    "KneeResult",
+    "auc_mann_whitney",
+    "depth_confidence",
+    "expected_tokens_per_second",
+    "knee_k_max",
+    "path_scores",
+    "schedule_budget",
+    "step_time_at",
+    "subtree",
+    "truncation_depth",
+    "truncation_depths",
+    "youden_threshold",
+]

@@ -1,0 +1,93 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ECHO's sparse confidence gate (Eq. 7): where to stop deepening a tree.
+
+Walking the sweet spots in increasing depth, the tree is truncated at the
+first sweet spot d with c_d <= tau_d, where c_d = exp(max S at depth d). As in
+the reference code's "late break", the gating level itself is kept: nodes at
+depth <= d stay candidates, deeper ones are cut. A tree that passes every
+gate keeps its full depth.
+
+Modes (the paper's ablations):
+
+- ``"sparse"`` (ECHO): check only the sweet spots, each with its own tau;
+- ``"dense"``: check every depth; tau is ``dense_tau`` if given, else the tau
+  of the nearest sweet spot (the shallower one on a tie);
+- ``"fixed"``: check the sweet spots with one tau for all (``fixed_tau``,
+  0.2 as the SGLang PR's example flag).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from vllm_echo.algos.echo.calibration import GateConfig
+from vllm_echo.algos.echo.scores import depth_confidence
+
+MODES = ("sparse", "dense", "fixed")
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """``trunc_depth``: deepest depth kept (the tree's max depth if not
+    truncated, 0 for an empty tree); ``truncated``: a gate fired."""
+
+    trunc_depth: int
+    truncated: bool
+
+
+def _nearest_tau(gate: GateConfig, depth: int) -> float:
+    spots = np.asarray(gate.sweet_spots)
+    # argmin returns the first minimum, i.e. the shallower spot on a tie.
+    return gate.taus[int(np.argmin(np.abs(spots - depth)))]
+
+
+def _checks(gate: GateConfig, mode: str, max_depth: int, fixed_tau: float,
+            dense_tau: Optional[float]) -> list[tuple[int, float]]:
+    """(depth, tau) pairs to test, in increasing depth."""
+    if mode == "sparse":
+        return list(zip(gate.sweet_spots, gate.taus))
+    if mode == "fixed":
+        return [(d, fixed_tau) for d in gate.sweet_spots]
+    if dense_tau is None and not gate.sweet_spots:
+        raise ValueError("dense mode needs dense_tau or at least one sweet spot")
+    return [(d, dense_tau if dense_tau is not None else _nearest_tau(gate, d))
+            for d in range(1, max_depth + 1)]
+
+
+def truncation_depth(scores, depths, gate: GateConfig, mode: str = "sparse",
+                     fixed_tau: float = 0.2,
+                     dense_tau: Optional[float] = None) -> GateDecision:
+    """Gate decision for one tree from its path scores S and node depths."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    for name, tau in (("fixed_tau", fixed_tau), ("dense_tau", dense_tau)):
+        if tau is not None and not 0.0 <= tau <= 1.0:
+            raise ValueError(f"{name} must be a probability in [0, 1], got {tau}")
+    d = np.asarray(depths)
+    if d.size == 0:
+        return GateDecision(0, False)
+    max_depth = int(d.max())
+    conf = depth_confidence(scores, d, max_depth)
+    for depth, tau in _checks(gate, mode, max_depth, fixed_tau, dense_tau):
+        if depth > max_depth:
+            # Nothing that deep: the tree ends before the gate, uncut.
+            break
+        if conf[depth - 1] <= tau:
+            return GateDecision(int(depth), True)
+    return GateDecision(max_depth, False)
+
+
+def truncation_depths(scores_per_tree: Sequence, depths_per_tree: Sequence,
+                      gate: GateConfig, mode: str = "sparse", fixed_tau: float = 0.2,
+                      dense_tau: Optional[float] = None) -> tuple[np.ndarray, np.ndarray]:
+    """Batch version: ``(trunc_depths int array, truncated bool array)``, one per tree."""
+    if len(scores_per_tree) != len(depths_per_tree):
+        raise ValueError(f"{len(scores_per_tree)} score arrays but "
+                         f"{len(depths_per_tree)} depth arrays")
+    decisions = [truncation_depth(s, d, gate, mode, fixed_tau, dense_tau)
+                 for s, d in zip(scores_per_tree, depths_per_tree)]
+    return (np.array([x.trunc_depth for x in decisions], dtype=np.int64),
+            np.array([x.truncated for x in decisions], dtype=bool))

@@ -1,0 +1,192 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ECHO over LogitSpec forests for one batch step: scores, gate, shared budget.
+
+Engine-agnostic: the vLLM glue hands in each request's candidate forest (with how
+every node was drafted) and gets back the draft tree to verify; after the step it
+reports what was accepted, which feeds the acceptance prior, the gate calibration
+and the statistics.
+
+Node scores. A next-next head t gets log p(t) from the softmax of the target's
+last logits (LogitSpec's premise); a retrieved token gets the online acceptance
+prior of its (depth, match length) bucket. S = sum of node log-probs along the
+path, c_d = exp(max S at depth d).
+
+Budget. With ``k_max`` unset, the step's budget is chosen from the measured cost
+of a forward pass: T(N) ~ a + b N for N verified tokens, fitted on the first steps.
+Taking candidate nodes in descending S (acceptance probability p = exp(S)), the
+budget is the k that maximises expected tokens per second
+(B + sum of the first k p) / T(B + k). On hardware where verification is nearly
+free (a GPU at small batch, b << a) that admits most candidates; where every
+verified token costs compute (this CPU, or large batches) it admits only nodes
+likely enough to pay for themselves, down to none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from vllm_echo.algos.echo.budget import CandidateTree, schedule_budget, subtree
+from vllm_echo.algos.echo.calibration import DEFAULT_GATE, Calibrator
+from vllm_echo.algos.echo.gate import truncation_depth
+from vllm_echo.algos.echo.scores import AcceptancePrior, depth_confidence, path_scores
+from vllm_echo.algos.echo.stats import EchoStepStats
+from vllm_echo.algos.tree import tree_depths
+
+MAX_DEPTH = 32
+_LOGP_FLOOR = -30.0
+
+
+@dataclass
+class Candidates:
+    """One request's candidate forest (see vllm_echo.algos.forest.ForestNodes)."""
+
+    token_ids: np.ndarray
+    parents: np.ndarray
+    match_len: np.ndarray
+    rank: np.ndarray
+    head_logp: np.ndarray  # log p of the top-k next-next candidates, by rank
+
+
+@dataclass
+class Plan:
+    """What was proposed for one request, kept until its verdict arrives."""
+
+    token_ids: np.ndarray
+    parents: np.ndarray
+    depths: np.ndarray
+    match_len: np.ndarray
+    retrieved: np.ndarray
+    confidence: np.ndarray  # c_d over the whole candidate forest (calibration input)
+    truncated_at: int
+
+
+class CostModel:
+    """Least-squares fit of forward time vs verified tokens, frozen once enough
+    distinct sizes were seen (then re-fitting would only chase noise)."""
+
+    def __init__(self, min_samples: int = 24, min_distinct: int = 3, freeze_after: int = 256):
+        self.min_samples, self.min_distinct, self.freeze_after = (
+            min_samples, min_distinct, freeze_after)
+        self._n: list[int] = []
+        self._t: list[float] = []
+        self.coef: tuple[float, float] | None = None  # (a, b)
+        self.frozen = False
+
+    def add(self, num_tokens: int, seconds: float) -> None:
+        if self.frozen or num_tokens <= 0 or not seconds > 0:
+            return
+        self._n.append(num_tokens)
+        self._t.append(seconds)
+        if len(self._n) >= self.min_samples and len(set(self._n)) >= self.min_distinct:
+            n, t = np.asarray(self._n, float), np.asarray(self._t, float)
+            b, a = np.polyfit(n, t, 1)
+            # Noise can tilt the fit; time never falls with more tokens, nor is negative.
+            b = max(float(b), 0.0)
+            a = max(float(np.median(t - b * n)), 1e-6)
+            self.coef = (a, b)
+            self.frozen = len(self._n) >= self.freeze_after
+
+
+def throughput_budget(probs: np.ndarray, num_requests: int, a: float, b: float) -> int:
+    """k maximising (B + sum of the k best p) / (a + b (B + k)); probs sorted descending."""
+    if probs.size == 0:
+        return 0
+    gains = num_requests + np.concatenate([[0.0], np.cumsum(probs)])
+    times = a + b * (num_requests + np.arange(probs.size + 1))
+    return int(np.argmax(gains / times))
+
+
+@dataclass
+class EchoPlanner:
+    """Per-worker ECHO state. ``settings`` is a vllm_echo.config.EchoSettings."""
+
+    settings: Any
+    stats: EchoStepStats = field(default_factory=lambda: EchoStepStats(max_depth=MAX_DEPTH))
+    cost: CostModel = field(default_factory=CostModel)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.prior = AcceptancePrior(max_ngram=s.max_ngram, max_depth=16)
+        self.calibrator = Calibrator(max_depth=MAX_DEPTH, delta=s.delta,
+                                     max_sweet_spots=s.max_sweet_spots,
+                                     warmup_steps=s.calibration_steps)
+        self.gate = DEFAULT_GATE
+        self.calibration_report: str | None = None
+        self.last_k_max = 0
+
+    # -- planning ----------------------------------------------------------------------
+
+    def plan(self, batch: list[Candidates | None], per_request_cap: int
+             ) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[Plan | None]]:
+        """Draft trees ``(token_ids, parents)`` per request (empty where None)."""
+        trees, scored = [], []
+        mode = "dense" if self.settings.gating == "dense" else (
+            "fixed" if self.settings.fixed_tau_value is not None else "sparse")
+        for cand in batch:
+            if cand is None or len(cand.token_ids) == 0:
+                scored.append(None)
+                continue
+            depths = tree_depths(cand.parents)
+            retrieved = cand.rank < 0
+            logp = np.empty(len(depths))
+            logp[retrieved] = self.prior.log_prob(depths[retrieved], cand.match_len[retrieved])
+            heads = ~retrieved
+            logp[heads] = cand.head_logp[cand.rank[heads]] if heads.any() else []
+            logp = np.clip(logp, _LOGP_FLOOR, 0.0)
+            scores = path_scores(cand.parents, logp)
+            decision = truncation_depth(scores, depths, self.gate, mode=mode,
+                                        fixed_tau=self.settings.fixed_tau_value or 0.2)
+            trees.append(CandidateTree(cand.token_ids, cand.parents, scores, depths,
+                                       decision.trunc_depth, not decision.truncated))
+            scored.append((cand, depths, retrieved, scores, decision))
+        k_max = self._k_max(trees, per_request_cap)
+        self.last_k_max = k_max
+        result = schedule_budget(trees, k_max, per_request_cap=per_request_cap,
+                                 shared_budget=self.settings.shared_budget)
+        drafts, plans = [], []
+        selected = iter(result.selected)
+        for item in scored:
+            if item is None:
+                drafts.append((np.empty(0, np.int32), np.empty(0, np.int32)))
+                plans.append(None)
+                continue
+            cand, depths, retrieved, scores, decision = item
+            keep = np.asarray(next(selected), dtype=np.int64)
+            tokens, parents = subtree(cand.token_ids, cand.parents, keep)
+            drafts.append((tokens.astype(np.int32), parents.astype(np.int32)))
+            plans.append(Plan(tokens, parents, depths[keep], cand.match_len[keep],
+                              retrieved[keep],
+                              depth_confidence(scores, depths, MAX_DEPTH),
+                              decision.trunc_depth if decision.truncated else 0))
+        return drafts, plans
+
+    def _k_max(self, trees: list[CandidateTree], per_request_cap: int) -> int:
+        if self.settings.k_max is not None:
+            return self.settings.k_max
+        if self.cost.coef is None:  # warm-up: a short chain's worth per request
+            return 4 * len(trees)
+        eligible = [np.exp(t.scores[t.depths <= t.trunc_depth]) for t in trees]
+        probs = np.sort(np.concatenate(eligible) if eligible else np.empty(0))[::-1]
+        probs = probs[:per_request_cap * len(trees)]
+        return throughput_budget(probs, len(trees), *self.cost.coef)
+
+    # -- feedback ----------------------------------------------------------------------
+
+    def observe(self, plans: list[tuple[Plan, list[int], int]]) -> None:
+        """Verdicts of the previous step: ``(plan, accepted_path, next_token)`` each."""
+        if not plans:
+            return
+        drafted, accepted, truncated = [], [], []
+        for plan, path, next_token in plans:
+            self.prior.observe_tree(plan.parents, plan.depths, np.maximum(plan.match_len, 1),
+                                    plan.retrieved, path, plan.token_ids, next_token)
+            self.calibrator.observe(plan.confidence, len(path))
+            drafted.append(plan.depths)
+            accepted.append(len(path))
+            truncated.append(plan.truncated_at)
+        self.stats.record_step(drafted, accepted, truncated, self.last_k_max)
+        if self.calibrator.ready:
+            self.gate, self.calibration_report = self.calibrator.finalize()

@@ -1,0 +1,139 @@
+# SPDX-License-Identifier: Apache-2.0
+"""``"method": "echo"``: LogitSpec forests under ECHO's gate and shared batch budget.
+
+The batch-level work (scores, gate, budget, calibration) is in
+vllm_echo.algos.echo.planner; this adapter feeds it each request's candidate
+forest and the previous step's verdicts, and times forward passes for the
+cost model that sets the budget.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from vllm_echo.algos.echo.planner import Candidates, EchoPlanner, Plan
+from vllm_echo.algos.forest import build_forest_nodes
+from vllm_echo.plugin import tree_state
+from vllm_echo.plugin.proposer import SOURCE_TREE, LogitSpecProposer
+from vllm_echo.plugin.runner_hooks import ForwardTimer
+
+logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
+
+_EMPTY = np.empty(0, dtype=np.int32)
+_STATS_LOG_EVERY = 500  # steps between ECHO statistics log lines
+
+
+class EchoProposer(LogitSpecProposer):
+    method = "echo"
+
+    def __init__(self, vllm_config: Any):
+        super().__init__(vllm_config)
+        self.planner = EchoPlanner(self.settings)
+        self._plans: dict[str, Plan] = {}
+        self._reported_gate: Any = None
+        self._reported_cost = False
+        self._timer = ForwardTimer(self.planner.cost.add)  # feeds the budget's cost model
+        tree_state.RECORD_PATHS = True
+
+    def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu):
+        self._check_layout()
+        batch = self._runner.input_batch
+        req_ids = batch.req_ids
+        self._release_finished(batch.req_id_to_index)
+        self._observe(req_ids, sampled_token_ids)
+        top_ids = self._last_logits.rows_for(req_ids)
+        top_logp = self._last_logits.logprobs if top_ids is not None else None
+        self.stats.steps += 1
+        candidates: list[Candidates | None] = []
+        tree_mode: list[bool] = []
+        for i, sampled in enumerate(sampled_token_ids):
+            length = int(num_tokens_no_spec[i])
+            max_len = min(self.num_speculative_tokens, self.max_model_len - length - 1)
+            if not sampled or max_len <= 0:
+                candidates.append(None)
+                tree_mode.append(False)
+                continue
+            state = self._sync_state(req_ids[i], token_ids_cpu[i], length)
+            use_tree = self.tree_enabled and state.tree_ok
+            nodes = build_forest_nodes(
+                state.index, top_ids[i] if top_ids is not None else _EMPTY,
+                min(self.settings.capacity, max_len + 1), max_chains=(1 << 30) if use_tree else 1)
+            head_logp = top_logp[i] if top_logp is not None else np.empty(0)
+            candidates.append(Candidates(*nodes, head_logp=head_logp))
+            tree_mode.append(use_tree)
+        drafts, plans = self.planner.plan(candidates, self.num_speculative_tokens)
+        out: list[list[int]] = []
+        for i, ((tokens, parents), plan) in enumerate(zip(drafts, plans)):
+            req_id = req_ids[i]
+            is_chain = np.array_equal(parents, np.arange(-1, len(parents) - 1))
+            if tree_mode[i] and len(tokens) and not is_chain:
+                tree_state.TREES[req_id] = tree_state.TreeDraft(tokens, parents)
+            else:
+                tree_state.TREES.pop(req_id, None)
+            if plan is not None:
+                self._plans[req_id] = plan
+                if len(tokens):
+                    self.stats.drafts["tree"] += 1
+                    self.stats.tokens["tree"] += len(tokens)
+            out.append(tokens.tolist())
+        self.stats.peak_tracked_requests = max(self.stats.peak_tracked_requests,
+                                               len(self._states))
+        self._log_progress()
+        return out
+
+    def _observe(self, req_ids: list[str], sampled_token_ids: list[list[int]]) -> None:
+        """Turn last step's verdicts into (plan, accepted path, next token) for the planner."""
+        verdicts = []
+        for i, sampled in enumerate(sampled_token_ids):
+            req_id = req_ids[i]
+            plan = self._plans.pop(req_id, None)
+            path = tree_state.LAST_PATHS.pop(req_id, None)
+            if plan is None or not sampled:
+                continue
+            accepted = len(sampled) - 1
+            if path is None:  # verified by vLLM as a chain: the first nodes, in order
+                path = list(range(accepted))
+                if np.any(plan.parents[:accepted] != np.arange(-1, accepted - 1)):
+                    continue  # not a root path: nothing reliable to learn from
+            if accepted:
+                self.stats.accepted["tree"] += accepted
+            verdicts.append((plan, path, int(sampled[-1])))
+        self.planner.observe(verdicts)
+
+    def _release_finished(self, live: dict[str, int]) -> None:
+        super()._release_finished(live)
+        for req_id in [r for r in self._plans if r not in live]:
+            del self._plans[req_id]
+        for req_id in [r for r in tree_state.LAST_PATHS if r not in live]:
+            del tree_state.LAST_PATHS[req_id]
+
+    def _log_progress(self) -> None:
+        planner = self.planner
+        if planner.gate is not self._reported_gate and planner.calibration_report:
+            self._reported_gate = planner.gate
+            logger.info("vllm-echo: %s", planner.calibration_report)
+        if planner.cost.coef is not None and not self._reported_cost and planner.cost.frozen:
+            self._reported_cost = True
+            a, b = planner.cost.coef
+            logger.info("vllm-echo: forward cost model T(N) = %.4f s + %.6f s x N tokens; "
+                        "ECHO budget now follows it (last k_max=%d)", a, b, planner.last_k_max)
+        if self.stats.steps % _STATS_LOG_EVERY == 0:
+            logger.info("vllm-echo: ECHO stats %s", self.echo_snapshot())
+
+    def echo_snapshot(self) -> dict[str, Any]:
+        planner = self.planner
+        gate = planner.gate
+        return {
+            **planner.stats.as_dict(),
+            "k_max": planner.last_k_max,
+            "sweet_spots": list(gate.sweet_spots),
+            "taus": [round(t, 4) for t in gate.taus],
+            "gate_source": gate.source,
+            "cost_model": planner.cost.coef,
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        return {**super().snapshot(), "echo": self.echo_snapshot()}
