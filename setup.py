@@ -42,6 +42,7 @@ setup(
         # One-time GGUF -> safetensors conversion of the embedded model.
         "model": ["gguf", "accelerate"],
         "test": ["pytest", "gguf", "accelerate", "requests"],
+        "bench": ["matplotlib", "tqdm", "aiohttp"],
     },
     entry_points={"vllm.general_plugins": ["vllm_echo = vllm_echo.plugin:register"]},
     ext_modules=ext_modules,

@@ -219,6 +219,9 @@ def run(job: dict) -> dict:
         "proposer": proposer,
         "plugin_stats": plugin,
         "chat_render_matches": chat_render_matches,
+        # vLLM turns async scheduling off for ngram/custom drafters (and always on CPU);
+        # on a GPU `none` keeps it, which is part of what the ratio then measures.
+        "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
         "token_ids": gen["token_ids"],
     }
 

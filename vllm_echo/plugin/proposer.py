@@ -82,6 +82,7 @@ class LogitSpecProposer:
         self._last_logits = LastLogitsTopK(self.settings.topk)
         self._runner: Any = None
         self._failures_logged: set[str] = set()
+        self.failures: dict[str, int] = {}  # kind of failure -> how often (logged once each)
         self.stats = DraftStats()
         self.tree_enabled = self.settings.tree and tree_support.prepare(vllm_config)
         self._layout_checked = False
@@ -135,11 +136,17 @@ class LogitSpecProposer:
                 tree_state.TREES.pop(req_id, None)
                 drafts.append([])
                 continue
-            state = self._sync_state(req_id, token_ids_cpu[i], length)
-            self._count_accepted(state, len(sampled) - 1)
-            cand = candidates[i] if candidates is not None else no_candidates
-            tokens, source = self._draft(req_id, state, cand, max_len)
-            self._count_draft(state, len(tokens), source)
+            try:
+                state = self._sync_state(req_id, token_ids_cpu[i], length)
+                self._count_accepted(state, len(sampled) - 1)
+                cand = candidates[i] if candidates is not None else no_candidates
+                tokens, source = self._draft(req_id, state, cand, max_len)
+                self._count_draft(state, len(tokens), source)
+            except Exception as exc:  # only this request goes without drafts this step
+                self._log_failure("propose", exc)
+                tree_state.TREES.pop(req_id, None)
+                self._states.pop(req_id, None)  # rebuilt from the token row next step
+                tokens = no_candidates
             drafts.append(tokens.tolist())
         self.stats.peak_tracked_requests = max(self.stats.peak_tracked_requests,
                                                len(self._states))
@@ -208,7 +215,9 @@ class LogitSpecProposer:
         build_forest(index, candidates, self.settings.capacity)
 
     def _log_failure(self, where: str, exc: BaseException) -> None:
-        self._log_once(f"{where}:{type(exc).__name__}",
+        kind = f"{where}:{type(exc).__name__}"
+        self.failures[kind] = self.failures.get(kind, 0) + 1
+        self._log_once(kind,
                        "vllm-echo: %s failed (%s: %s); the affected requests fall back to "
                        "safe verification for this step. Logged once per kind of failure.",
                        where, type(exc).__name__, exc, exc_info=exc)
@@ -221,7 +230,7 @@ class LogitSpecProposer:
     def snapshot(self) -> dict[str, int]:
         """Counters plus the number of requests holding retrieval state."""
         return {**self.stats.flat(), **tree_state.COUNTERS, "tracked_requests": len(self._states),
-                "trees_held": len(tree_state.TREES)}
+                "trees_held": len(tree_state.TREES), "failures": dict(self.failures)}
 
 
 def worker_stats(worker: Any) -> dict[str, Any] | None:
