@@ -73,6 +73,15 @@ def _append_chain(out_tokens, out_parents, out_match, out_rank, n, first, rank, 
 
 
 @njit(cache=True)
+def _context_query(tokens, length, max_ngram):
+    """The context's last ``qlen`` tokens plus one free slot for a candidate token."""
+    qlen = min(max_ngram, length)
+    query = np.empty(qlen + 1, dtype=np.int32)
+    query[:qlen] = tokens[length - qlen:length]
+    return query, qlen
+
+
+@njit(cache=True)
 def build_forest_kernel(tokens, length, keys, vals, max_ngram, span, candidates,
                         capacity, max_chains, out_tokens, out_parents, out_match, out_rank):
     """Fill ``out_tokens/out_parents`` with the forest; returns its node count.
@@ -90,9 +99,7 @@ def build_forest_kernel(tokens, length, keys, vals, max_ngram, span, candidates,
     if limit <= 0 or length == 0:
         return 0
     root = tokens[length - 1]
-    qlen = min(max_ngram, length)
-    query = np.empty(qlen + 1, dtype=np.int32)
-    query[:qlen] = tokens[length - qlen:length]
+    query, qlen = _context_query(tokens, length, max_ngram)
 
     # 1. next-token chain
     e, m = index_lookup(tokens, length, query[:qlen], max_ngram, keys, vals)
@@ -102,9 +109,7 @@ def build_forest_kernel(tokens, length, keys, vals, max_ngram, span, candidates,
                           count, m)
         chains += 1
 
-    # 2. next-next branches from the root's logits
-    # query for candidate t: last (max_ngram - 1) context tokens + t
-    query[:qlen] = tokens[length - qlen:length]
+    # 2. next-next branches from the root's logits: query = context tail + t
     for idx in range(candidates.shape[0]):
         if n >= limit or chains >= max_chains:
             break
@@ -138,9 +143,7 @@ def first_chain_kernel(tokens, length, keys, vals, max_ngram, span, candidates,
     if max_len <= 0 or length == 0:
         return 0, SOURCE_NONE
     root = tokens[length - 1]
-    qlen = min(max_ngram, length)
-    query = np.empty(qlen + 1, dtype=np.int32)
-    query[:qlen] = tokens[length - qlen:length]
+    query, qlen = _context_query(tokens, length, max_ngram)
     e, m = index_lookup(tokens, length, query[:qlen], max_ngram, keys, vals)
     if e >= 0:
         count = min(span, length - e, max_len)
