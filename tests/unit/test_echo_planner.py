@@ -66,3 +66,23 @@ def test_observe_learns_from_verdicts_and_calibrates_after_warmup():
     assert planner.prior.num_observations > 0
     assert planner.stats.as_dict()["steps"] == 40
     assert planner.calibration_report is not None  # finalized once, defaults or calibrated
+
+
+def test_head_buckets_follow_last_logit_probability():
+    from vllm_echo.algos.echo.planner import head_bucket
+
+    p = np.array([0.5, 0.31, 0.2, 0.05, 0.02, 0.005, 0.0001])
+    assert head_bucket(np.log(p)).tolist() == [1, 1, 2, 3, 4, 5, 6]
+
+
+def test_head_acceptance_is_learned_per_bucket():
+    planner = EchoPlanner(EchoSettings(method="echo", k_max=64, calibration_steps=10**6))
+    # one head of bucket 1, always accepted; the prior moves from 0.1 towards 1
+    tokens, parents = np.array([7], np.int32), np.array([-1], np.int32)
+    cand = Candidates(tokens, parents, np.zeros(1, np.int32), np.zeros(1, np.int32),
+                      head_logp=np.log(np.array([0.6])))
+    before = planner.head_prior.prob(1, 1)
+    for _ in range(20):
+        drafts, plans = planner.plan([cand], per_request_cap=4)
+        planner.observe([(plans[0], [0], 3)])
+    assert planner.head_prior.prob(1, 1) > max(before, 0.8)

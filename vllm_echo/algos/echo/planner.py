@@ -6,10 +6,12 @@ every node was drafted) and gets back the draft tree to verify; after the step i
 reports what was accepted, which feeds the acceptance prior, the gate calibration
 and the statistics.
 
-Node scores. A next-next head t gets log p(t) from the softmax of the target's
-last logits (LogitSpec's premise); a retrieved token gets the online acceptance
-prior of its (depth, match length) bucket. S = sum of node log-probs along the
-path, c_d = exp(max S at depth d).
+Node scores are acceptance probabilities learned online, so that the budget can
+weigh them against measured cost: a retrieved token gets the acceptance rate of
+its (depth, m-gram match length) bucket; a next-next head t gets the rate of its
+bucket of p(t) under the softmax of the target's last logits (LogitSpec's
+premise: t is likely next-next when it was likely next). S = sum of node
+log-probs along the path, c_d = exp(max S at depth d).
 
 Budget. With ``k_max`` unset, the step's budget is chosen from the measured cost
 of a forward pass: T(N) ~ a + b N for N verified tokens, fitted on the first steps.
@@ -37,6 +39,13 @@ from vllm_echo.algos.tree import tree_depths
 
 MAX_DEPTH = 32
 _LOGP_FLOOR = -30.0
+# Buckets of a head's last-logit probability (bucket b+1 holds p >= edge b).
+_HEAD_P_EDGES = np.array([0.3, 0.1, 0.03, 0.01, 0.003])
+
+
+def head_bucket(logp: np.ndarray) -> np.ndarray:
+    """1-based bucket of each head's last-logit probability (1 = most likely)."""
+    return 1 + np.searchsorted(-_HEAD_P_EDGES, -np.exp(logp), side="right")
 
 
 @dataclass
@@ -59,6 +68,7 @@ class Plan:
     depths: np.ndarray
     match_len: np.ndarray
     retrieved: np.ndarray
+    head_bucket: np.ndarray  # for next-next heads (1-based), 1 elsewhere
     confidence: np.ndarray  # c_d over the whole candidate forest (calibration input)
     truncated_at: int
 
@@ -110,6 +120,9 @@ class EchoPlanner:
     def __post_init__(self) -> None:
         s = self.settings
         self.prior = AcceptancePrior(max_ngram=s.max_ngram, max_depth=16)
+        # Heads are always at depth 1; "match length" is their probability bucket.
+        self.head_prior = AcceptancePrior(max_ngram=len(_HEAD_P_EDGES) + 1, max_depth=1,
+                                          prior_mean=0.1)
         self.calibrator = Calibrator(max_depth=MAX_DEPTH, delta=s.delta,
                                      max_sweet_spots=s.max_sweet_spots,
                                      warmup_steps=s.calibration_steps)
@@ -134,14 +147,18 @@ class EchoPlanner:
             logp = np.empty(len(depths))
             logp[retrieved] = self.prior.log_prob(depths[retrieved], cand.match_len[retrieved])
             heads = ~retrieved
-            logp[heads] = cand.head_logp[cand.rank[heads]] if heads.any() else []
+            buckets = np.ones(len(depths), dtype=np.int64)
+            if heads.any():
+                buckets[heads] = head_bucket(cand.head_logp[cand.rank[heads]])
+                logp[heads] = self.head_prior.log_prob(np.ones(int(heads.sum()), np.int64),
+                                                       buckets[heads])
             logp = np.clip(logp, _LOGP_FLOOR, 0.0)
             scores = path_scores(cand.parents, logp)
             decision = truncation_depth(scores, depths, self.gate, mode=mode,
                                         fixed_tau=self.settings.fixed_tau_value or 0.2)
             trees.append(CandidateTree(cand.token_ids, cand.parents, scores, depths,
                                        decision.trunc_depth, not decision.truncated))
-            scored.append((cand, depths, retrieved, scores, decision))
+            scored.append((cand, depths, retrieved, buckets, scores, decision))
         k_max = self._k_max(trees, per_request_cap)
         self.last_k_max = k_max
         result = schedule_budget(trees, k_max, per_request_cap=per_request_cap,
@@ -153,12 +170,12 @@ class EchoPlanner:
                 drafts.append((np.empty(0, np.int32), np.empty(0, np.int32)))
                 plans.append(None)
                 continue
-            cand, depths, retrieved, scores, decision = item
+            cand, depths, retrieved, buckets, scores, decision = item
             keep = np.asarray(next(selected), dtype=np.int64)
             tokens, parents = subtree(cand.token_ids, cand.parents, keep)
             drafts.append((tokens.astype(np.int32), parents.astype(np.int32)))
             plans.append(Plan(tokens, parents, depths[keep], cand.match_len[keep],
-                              retrieved[keep],
+                              retrieved[keep], buckets[keep],
                               depth_confidence(scores, depths, MAX_DEPTH),
                               decision.trunc_depth if decision.truncated else 0))
         return drafts, plans
@@ -183,6 +200,9 @@ class EchoPlanner:
         for plan, path, next_token in plans:
             self.prior.observe_tree(plan.parents, plan.depths, np.maximum(plan.match_len, 1),
                                     plan.retrieved, path, plan.token_ids, next_token)
+            self.head_prior.observe_tree(plan.parents, np.minimum(plan.depths, 1),
+                                         plan.head_bucket, ~plan.retrieved, path,
+                                         plan.token_ids, next_token)
             self.calibrator.observe(plan.confidence, len(path))
             drafted.append(plan.depths)
             accepted.append(len(path))
