@@ -77,7 +77,7 @@ class CostModel:
     """Least-squares fit of forward time vs verified tokens, frozen once enough
     distinct sizes were seen (then re-fitting would only chase noise)."""
 
-    def __init__(self, min_samples: int = 24, min_distinct: int = 3, freeze_after: int = 256):
+    def __init__(self, min_samples: int = 8, min_distinct: int = 3, freeze_after: int = 256):
         self.min_samples, self.min_distinct, self.freeze_after = (
             min_samples, min_distinct, freeze_after)
         self._n: list[int] = []
@@ -183,8 +183,8 @@ class EchoPlanner:
     def _k_max(self, trees: list[CandidateTree], per_request_cap: int) -> int:
         if self.settings.k_max is not None:
             return self.settings.k_max
-        if self.cost.coef is None:  # warm-up: a short chain's worth per request
-            return 4 * len(trees)
+        if self.cost.coef is None:  # warm-up (a few steps): one node per request
+            return len(trees)
         eligible = [np.exp(t.scores[t.depths <= t.trunc_depth]) for t in trees]
         probs = np.sort(np.concatenate(eligible) if eligible else np.empty(0))[::-1]
         probs = probs[:per_request_cap * len(trees)]
