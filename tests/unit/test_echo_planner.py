@@ -86,3 +86,13 @@ def test_head_acceptance_is_learned_per_bucket():
         drafts, plans = planner.plan([cand], per_request_cap=4)
         planner.observe([(plans[0], [0], 3)])
     assert planner.head_prior.prob(1, 1) > max(before, 0.8)
+
+
+def test_nothing_can_pay_when_break_even_exceeds_every_learned_rate():
+    planner = EchoPlanner(EchoSettings(method="echo"))
+    assert not planner.nothing_can_pay(64)  # no cost model yet: keep drafting
+    for n in (1, 10, 30, 60, 1, 10, 30, 60):
+        planner.cost.add(n, 0.05 + 0.002 * n)
+    # priors start at 0.5 (retrieved) / 0.1 (heads): break-even at B=1 is 0.04
+    assert not planner.nothing_can_pay(1)
+    assert planner.nothing_can_pay(512)  # 0.002*512/(0.05+1.024) = 0.95 > 0.5

@@ -24,6 +24,7 @@ logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and l
 
 _EMPTY = np.empty(0, dtype=np.int32)
 _STATS_LOG_EVERY = 500  # steps between ECHO statistics log lines
+_PROBE_EVERY = 16  # when no draft can pay for itself, still plan every this many steps
 
 
 class EchoProposer(LogitSpecProposer):
@@ -44,6 +45,12 @@ class EchoProposer(LogitSpecProposer):
         req_ids = batch.req_ids
         self._release_finished(batch.req_id_to_index)
         self._observe(req_ids, sampled_token_ids)
+        live = sum(1 for s in sampled_token_ids if s)
+        if self.planner.nothing_can_pay(live) and self.stats.steps % _PROBE_EVERY:
+            self.stats.steps += 1
+            for req_id in req_ids[:len(sampled_token_ids)]:
+                tree_state.TREES.pop(req_id, None)
+            return [[] for _ in sampled_token_ids]
         top_ids = self._last_logits.rows_for(req_ids)
         top_logp = self._last_logits.logprobs if top_ids is not None else None
         self.stats.steps += 1

@@ -31,13 +31,20 @@ from typing import Any
 import numpy as np
 
 from vllm_echo.algos.echo.budget import CandidateTree, schedule_budget, subtree
-from vllm_echo.algos.echo.calibration import DEFAULT_GATE, Calibrator
+from vllm_echo.algos.echo.calibration import Calibrator, GateConfig
 from vllm_echo.algos.echo.gate import truncation_depth
 from vllm_echo.algos.echo.scores import AcceptancePrior, depth_confidence, path_scores
 from vllm_echo.algos.echo.stats import EchoStepStats
 from vllm_echo.algos.tree import tree_depths
 
 MAX_DEPTH = 32
+# Gate used until calibration succeeds. The reference literals (0.2, 0.2, 0.3; see
+# calibration.DEFAULT_GATE) are for EAGLE draft-model probabilities; our node scores
+# are acceptance rates of retrieved / next-next tokens, lower on the whole (a
+# calibration at batch 24 on the embedded model put depth 1 at tau = 0.071), and the
+# reference values truncated 63% of trees at depth 1 at batch 1.
+FOREST_DEFAULT_GATE = GateConfig(sweet_spots=(1, 3, 6), taus=(0.05, 0.05, 0.05),
+                                 source="default")
 _LOGP_FLOOR = -30.0
 # Buckets of a head's last-logit probability (bucket b+1 holds p >= edge b).
 _HEAD_P_EDGES = np.array([0.3, 0.1, 0.03, 0.01, 0.003])
@@ -125,8 +132,9 @@ class EchoPlanner:
                                           prior_mean=0.1)
         self.calibrator = Calibrator(max_depth=MAX_DEPTH, delta=s.delta,
                                      max_sweet_spots=s.max_sweet_spots,
-                                     warmup_steps=s.calibration_steps)
-        self.gate = DEFAULT_GATE
+                                     warmup_steps=s.calibration_steps,
+                                     min_samples_per_class=10)
+        self.gate = FOREST_DEFAULT_GATE
         self.calibration_report: str | None = None
         self.last_k_max = 0
 
@@ -190,6 +198,18 @@ class EchoPlanner:
         probs = probs[:per_request_cap * len(trees)]
         return throughput_budget(probs, len(trees), *self.cost.coef)
 
+    def nothing_can_pay(self, num_requests: int) -> bool:
+        """True when, by the cost model, no candidate could be worth verifying this step:
+        even the best learned acceptance rate is below the break-even probability
+        b·B / (a + b·B). Then the step needs no forests at all (saves the drafting
+        work at high load); callers still plan now and then to keep learning."""
+        if self.settings.k_max is not None or self.cost.coef is None or num_requests == 0:
+            return False
+        a, b = self.cost.coef
+        break_even = b * num_requests / (a + b * num_requests)
+        best = max(self.prior.prob_table().max(), self.head_prior.prob_table().max())
+        return best < break_even
+
     # -- feedback ----------------------------------------------------------------------
 
     def observe(self, plans: list[tuple[Plan, list[int], int]]) -> None:
@@ -209,4 +229,6 @@ class EchoPlanner:
             truncated.append(plan.truncated_at)
         self.stats.record_step(drafted, accepted, truncated, self.last_k_max)
         if self.calibrator.ready:
-            self.gate, self.calibration_report = self.calibrator.finalize()
+            gate, self.calibration_report = self.calibrator.finalize()
+            if gate.source == "calibrated":  # otherwise keep the forest defaults
+                self.gate = gate
