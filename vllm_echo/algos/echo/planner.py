@@ -207,7 +207,9 @@ class EchoPlanner:
             return False
         a, b = self.cost.coef
         break_even = b * num_requests / (a + b * num_requests)
-        best = max(self.prior.prob_table().max(), self.head_prior.prob_table().max())
+        # Every draft tree starts at depth 1 and S only falls along a path, so the best
+        # depth-1 rate bounds every node's acceptance probability.
+        best = max(self.prior.prob_table()[0].max(), self.head_prior.prob_table()[0].max())
         return best < break_even
 
     # -- feedback ----------------------------------------------------------------------
