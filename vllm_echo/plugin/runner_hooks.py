@@ -121,9 +121,10 @@ def install_sample_hook(runner: Any, sink: LastLogitsTopK,
             k = min(sink.k, logits.shape[-1])
             last = logits[rows].float()
             top = torch.topk(last, k, dim=-1)
-            sink.token_ids = top.indices.to(torch.int32).cpu().numpy()
-            sink.logprobs = (top.values - torch.logsumexp(last, dim=-1, keepdim=True)).cpu().numpy()
+            logprobs = (top.values - torch.logsumexp(last, dim=-1, keepdim=True)).cpu().numpy()
             sink.req_ids = list(runner.input_batch.req_ids[: sampled.shape[0]])
+            sink.logprobs = logprobs
+            sink.token_ids = top.indices.to(torch.int32).cpu().numpy()  # last: marks it valid
         except Exception as exc:  # never let drafting break sampling
             on_error("logits capture", exc)
         return output
