@@ -84,6 +84,11 @@ class LogitSpecProposer:
         self._failures_logged: set[str] = set()
         self.failures: dict[str, int] = {}  # kind of failure -> how often (logged once each)
         self.stats = DraftStats()
+        # Per-worker tables start empty for each proposer (several engines may share a
+        # process); only ECHO asks for accepted paths.
+        tree_state.TREES.clear()
+        tree_state.LAST_PATHS.clear()
+        tree_state.RECORD_PATHS = False
         self.tree_enabled = self.settings.tree and tree_support.prepare(vllm_config)
         self._layout_checked = False
         self._timer: Any = None  # runner_hooks.ForwardTimer, for proposers that cost steps
