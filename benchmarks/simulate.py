@@ -73,7 +73,8 @@ def record(path: Path, dataset: str, num_prompts: int, max_tokens: int, model: s
         rows.append({"question_id": p.question_id, "category": p.category,
                      "prompt_ids": list(out.prompt_token_ids),
                      "output_ids": list(comp.token_ids), "topk_ids": topk})
-    meta = {"model": model, "dataset": dataset, "num_prompts": len(rows),
+    # the folder name only: a trace is shared, the machine path is not
+    meta = {"model": Path(model).name, "dataset": dataset, "num_prompts": len(rows),
             "max_tokens": max_tokens, "dtype": dtype, "topk": TOPK, "logprobs_mode": mode,
             # greedy: the sampled token should be the argmax (rank 1) everywhere
             "positions_where_sampled_is_not_rank1": rank1_mismatch,
