@@ -17,7 +17,7 @@ import numpy as np
 from vllm_echo.algos.echo.planner import Candidates, EchoPlanner, Plan
 from vllm_echo.algos.forest import build_forest_nodes
 from vllm_echo.plugin import tree_state
-from vllm_echo.plugin.proposer import SOURCE_TREE, LogitSpecProposer
+from vllm_echo.plugin.proposer import LogitSpecProposer
 from vllm_echo.plugin.runner_hooks import ForwardTimer
 
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply

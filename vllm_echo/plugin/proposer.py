@@ -232,16 +232,10 @@ class LogitSpecProposer:
             self._failures_logged.add(kind)
             logger.warning(msg, *args, **kwargs)
 
-    def snapshot(self) -> dict[str, int]:
-        """Counters plus the number of requests holding retrieval state."""
+    def snapshot(self) -> dict[str, Any]:
+        """Counters, per-kind failure counts and the size of the per-request tables."""
         return {**self.stats.flat(), **tree_state.COUNTERS, "tracked_requests": len(self._states),
                 "trees_held": len(tree_state.TREES), "failures": dict(self.failures)}
-
-
-def worker_stats(worker: Any) -> dict[str, Any] | None:
-    """For ``LLM.collective_rpc(worker_stats)``: the drafter's counters on that worker."""
-    drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
-    return drafter.snapshot() if isinstance(drafter, LogitSpecProposer) else None
 
 
 def worker_stats(worker: Any) -> dict[str, Any] | None:

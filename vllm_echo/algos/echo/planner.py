@@ -232,5 +232,8 @@ class EchoPlanner:
         self.stats.record_step(drafted, accepted, truncated, self.last_k_max)
         if self.calibrator.ready:
             gate, self.calibration_report = self.calibrator.finalize()
-            if gate.source == "calibrated":  # otherwise keep the forest defaults
+            if gate.source == "calibrated":
                 self.gate = gate
+            else:  # the calibrator's fallback is the reference literals; ours applies
+                self.calibration_report += (
+                    f"\n  -> keeping the forest gate {self.gate.sweet_spots} taus {self.gate.taus}")
