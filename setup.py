@@ -41,7 +41,7 @@ setup(
         "ray": ["ray>=2.40"],
         # One-time GGUF -> safetensors conversion of the embedded model.
         "model": ["gguf", "accelerate"],
-        "test": ["pytest", "gguf", "accelerate", "requests"],
+        "test": ["pytest", "gguf", "accelerate", "requests", "psutil"],
         "bench": ["matplotlib", "tqdm", "aiohttp"],
     },
     entry_points={"vllm.general_plugins": ["vllm_echo = vllm_echo.plugin:register"]},

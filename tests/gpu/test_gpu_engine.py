@@ -7,6 +7,7 @@ this checks that the plugin, the logits capture and ECHO's budget work there.
 """
 
 import gc
+import importlib.util
 
 import pytest
 
@@ -14,13 +15,13 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def _generate(model, spec):
+def _generate(model, spec, **engine_kwargs):
     from vllm import LLM, SamplingParams
 
     from vllm_echo import prompts
 
     llm = LLM(model, speculative_config=spec, dtype="float32", max_model_len=2048,
-              gpu_memory_utilization=0.3, seed=0)
+              gpu_memory_utilization=0.3, seed=0, **engine_kwargs)
     chats = [p.as_chat() for p in prompts.load(prompts.SPEC_BENCH, n=8)]
     outs = llm.chat(chats, SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)
     del llm
@@ -36,3 +37,17 @@ def test_cuda_greedy_identical(spec):
 
     model = default_model_path()
     assert _generate(model, spec) == _generate(model, None)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
+def test_ray_executor_greedy_identical():
+    """The plugin loads in Ray executor workers and its settings reach them through
+    vLLM's config. SmolLM2-135M has 9 attention heads and 3 KV heads, so it runs
+    tensor-parallel over 3 GPUs where there are 3, else on one Ray worker."""
+    from vllm_echo.models import default_model_path
+
+    model = default_model_path()
+    tp = 3 if torch.cuda.device_count() >= 3 else 1
+    got = _generate(model, {"method": "echo", "max_ngram": 2},
+                    distributed_executor_backend="ray", tensor_parallel_size=tp)
+    assert got == _generate(model, None)

@@ -32,6 +32,58 @@ def test_cost_model_fits_linear_time_and_freezes():
     assert model.coef == (a, b)
 
 
+def test_cost_model_separates_the_cost_of_tree_requests():
+    model = CostModel(min_samples=6, min_distinct=3, freeze_after=100)
+    for n, r in [(1, 0), (5, 0), (17, 0), (33, 0), (5, 1), (17, 1), (33, 2), (65, 1)]:
+        model.add(n, 0.04 + 0.001 * n + 0.008 * r, r)
+    a, b = model.coef
+    assert (a, b, model.tree_cost) == pytest.approx((0.04, 0.001, 0.008), abs=1e-7)
+    chains_only = CostModel(min_samples=4, min_distinct=3)
+    for n in (1, 5, 17, 33):
+        chains_only.add(n, 0.04 + 0.001 * n)
+    assert chains_only.tree_cost is None  # trees never timed: unknown, not zero
+
+
+def _tree(parents, probs):
+    from vllm_echo.algos.echo.budget import CandidateTree
+    from vllm_echo.algos.tree import tree_depths
+
+    parents = np.asarray(parents)
+    path = np.zeros(len(parents))
+    for i, p in enumerate(parents):  # path score: sum of log-probs along the path
+        path[i] = np.log(probs[i]) + (path[p] if p >= 0 else 0.0)
+    depths = tree_depths(parents)
+    return CandidateTree(np.arange(len(parents), dtype=np.int32), parents, path, depths,
+                         int(depths.max()), True)
+
+
+@pytest.mark.parametrize("tree_cost,expected", [
+    # cheap trees: the side branch (p = 0.4) pays for itself
+    (0.0005, [0, 1, 2, 3]),
+    # a tree request costs 10 ms: keep the best root path 0 -> 1 -> 2 (0.9 + 0.72 + 0.36)
+    (0.010, [0, 1, 2]),
+])
+def test_selection_becomes_a_chain_when_the_tree_does_not_pay(tree_cost, expected):
+    planner = EchoPlanner(EchoSettings(method="echo"))
+    for n, r in [(1, 0), (5, 0), (17, 0), (33, 0), (5, 1), (17, 1), (33, 1), (9, 1)]:
+        planner.cost.add(n, 0.04 + 0.001 * n + tree_cost * r, r)
+    # node 3 is a sibling of node 1 (both under the root): a real tree
+    tree = _tree([-1, 0, 1, -1], [0.9, 0.8, 0.5, 0.4])
+    (keep,) = planner._prefer_chains([tree], [np.array([0, 1, 2, 3])])
+    assert keep.tolist() == expected
+
+
+def test_best_root_path_and_chain_test():
+    from vllm_echo.algos.echo.planner import _best_root_path, _is_chain
+
+    parents = np.array([-1, 0, -1, 2, 3])
+    keep = np.arange(5)
+    # path 2 -> 3 -> 4 sums 0.5 + 0.4 + 0.3 = 1.2 > path 0 -> 1 = 0.6 + 0.5
+    assert _best_root_path(parents, keep, np.array([0.6, 0.5, 0.5, 0.4, 0.3])).tolist() == [2, 3, 4]
+    assert _is_chain(parents, np.array([2, 3, 4])) and not _is_chain(parents, keep)
+    assert not _is_chain(parents, np.array([0, 2]))
+
+
 def _candidates(tokens, candidates, capacity=32):
     index = NgramIndex(3, 20)
     index.extend(np.asarray(tokens, dtype=np.int32))

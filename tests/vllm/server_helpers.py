@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -22,16 +23,45 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@dataclasses.dataclass(frozen=True)
+class Server:
+    url: str
+    model: str
+    pid: int
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the server and its engine processes together."""
+        import psutil
+
+        root = psutil.Process(self.pid)
+        return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+
+    def metrics(self) -> dict[str, float]:
+        """/metrics as {"name{labels}": value} (comments dropped)."""
+        text = requests.get(f"{self.url}/metrics", timeout=30).text
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
+    def metric_sum(self, prefix: str) -> float:
+        """Sum of every series whose name (labels included) starts with ``prefix``."""
+        return sum(v for k, v in self.metrics().items() if k.startswith(prefix))
+
+
 @contextlib.contextmanager
 def openai_server(model: str, speculative_config: dict | None = None, *extra: str,
+                  max_model_len: int = 2048, kv_cache_bytes: int = 256 * 2**20,
                   timeout_s: float = 300):
-    """Yield the base URL of a server started as ``vllm serve`` would be (the CPU
-    wheel has no working ``vllm`` CLI, so the same entry module is run directly)."""
+    """Yield a ``Server`` started as ``vllm serve`` would be (the CPU wheel has no
+    working ``vllm`` CLI, so the same entry module is run directly)."""
     port = free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-           "--enforce-eager", "--max-model-len", "2048", "--seed", "0",
-           "--kv-cache-memory-bytes", str(256 * 2**20), *extra]
+           "--enforce-eager", "--max-model-len", str(max_model_len), "--seed", "0",
+           "--kv-cache-memory-bytes", str(kv_cache_bytes), *extra]
     if speculative_config is not None:
         cmd += ["--speculative-config", json.dumps(speculative_config)]
     log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
@@ -48,7 +78,9 @@ def openai_server(model: str, speculative_config: dict | None = None, *extra: st
             if time.monotonic() > deadline:
                 raise TimeoutError(f"server not healthy after {timeout_s}s:\n{_tail(log.name)}")
             time.sleep(1)
-        yield url
+        yield Server(url, model, proc.pid)
+        if proc.poll() is not None:
+            raise RuntimeError(f"server died during the test:\n{_tail(log.name)}")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -66,9 +98,35 @@ def _tail(path: str, n: int = 40) -> str:
         return "".join(f.readlines()[-n:])
 
 
-def chat(url: str, model: str, content: str, max_tokens: int = 64) -> str:
-    body = {"model": model, "messages": [{"role": "user", "content": content}],
-            "temperature": 0, "max_tokens": max_tokens, "seed": 0}
-    reply = requests.post(f"{url}/v1/chat/completions", json=body, timeout=300)
-    reply.raise_for_status()
-    return reply.json()["choices"][0]["message"]["content"]
+def post(server: Server, route: str, body: dict) -> dict:
+    reply = requests.post(f"{server.url}/v1/{route}",
+                          json={"model": server.model, "seed": 0, **body}, timeout=600)
+    if reply.status_code != 200:
+        raise RuntimeError(f"HTTP {reply.status_code} from /v1/{route}: {reply.text[:500]}")
+    return reply.json()
+
+
+def stream(server: Server, route: str, body: dict, max_chunks: int | None = None) -> str:
+    """Text of a streamed request; with ``max_chunks``, hang up after that many
+    chunks (a client abort) and return what arrived."""
+    body = {"model": server.model, "seed": 0, **body, "stream": True}
+    parts = []
+    with requests.post(f"{server.url}/v1/{route}", json=body, stream=True,
+                       timeout=600) as reply:
+        if reply.status_code != 200:
+            raise RuntimeError(f"HTTP {reply.status_code} from /v1/{route}: {reply.text[:500]}")
+        for line in reply.iter_lines():
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            choice = json.loads(line[6:])["choices"][0]
+            parts.append(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
+            if max_chunks is not None and len(parts) >= max_chunks:
+                break
+    return "".join(parts)
+
+
+def chat(server: Server, content: str, max_tokens: int = 64, **body) -> str:
+    reply = post(server, "chat/completions",
+                 {"messages": [{"role": "user", "content": content}], "temperature": 0,
+                  "max_tokens": max_tokens, **body})
+    return reply["choices"][0]["message"]["content"]

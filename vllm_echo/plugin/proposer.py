@@ -8,6 +8,7 @@ itself is in vllm_echo.algos (numpy/numba, engine-agnostic).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,8 @@ from vllm_echo.algos.ngram_index import NgramIndex
 from vllm_echo.config import DEFAULT_NUM_SPECULATIVE_TOKENS
 from vllm_echo.plugin import tree_state, tree_support
 from vllm_echo.plugin.config_shim import settings_from_vllm_config
+from vllm_echo.plugin.cpu_sampler_fix import install_cpu_sampler_fix
+from vllm_echo.plugin.metrics import publish_worker_stats
 from vllm_echo.plugin.runner_hooks import LastLogitsTopK, find_runner, install_sample_hook
 from vllm_echo.plugin.tree_runner import install_prepare_hook, tree_unsafe_reason
 
@@ -25,6 +28,11 @@ logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and l
 
 
 SOURCE_TREE = 3
+# Drafting is cooperative-timed: once a step's drafting has taken this long, the
+# requests not drafted yet go without drafts this step (counted as a failure of
+# kind "propose:TimeoutError", logged once). Normal drafting takes well under 10 ms
+# even at batch 64 with 8k contexts (benchmarks/micro_proposer.py).
+PROPOSE_DEADLINE_S = 0.1
 _SOURCE_NAMES = {SOURCE_RETRIEVAL: "retrieval", SOURCE_LOGITS: "logits", SOURCE_TREE: "tree"}
 
 
@@ -92,6 +100,8 @@ class LogitSpecProposer:
         self.tree_enabled = self.settings.tree and tree_support.prepare(vllm_config)
         self._layout_checked = False
         self._timer: Any = None  # runner_hooks.ForwardTimer, for proposers that cost steps
+        self._publisher = publish_worker_stats(self, vllm_config)  # for the server's /metrics
+        install_cpu_sampler_fix()
 
     # -- vLLM contract -------------------------------------------------------------
 
@@ -132,12 +142,13 @@ class LogitSpecProposer:
         no_candidates = np.empty(0, dtype=np.int32)
         drafts: list[list[int]] = []
         self.stats.steps += 1
+        deadline = StepDeadline(self._log_failure)
         for i, sampled in enumerate(sampled_token_ids):
             req_id = req_ids[i]
             length = int(num_tokens_no_spec[i])
             # Drafts must fit: the bonus token plus K drafts stay within max_model_len.
             max_len = min(self.num_speculative_tokens, self.max_model_len - length - 1)
-            if not sampled or max_len <= 0:  # partial prefill or at the length limit
+            if not sampled or max_len <= 0 or deadline.passed():
                 tree_state.TREES.pop(req_id, None)
                 drafts.append([])
                 continue
@@ -233,9 +244,28 @@ class LogitSpecProposer:
             logger.warning(msg, *args, **kwargs)
 
     def snapshot(self) -> dict[str, Any]:
-        """Counters, per-kind failure counts and the size of the per-request tables."""
+        """Counters, per-kind failure counts and the size of the per-request state."""
         return {**self.stats.flat(), **tree_state.COUNTERS, "tracked_requests": len(self._states),
+                "state_bytes": sum(s.index.nbytes for s in list(self._states.values())),
                 "trees_held": len(tree_state.TREES), "failures": dict(self.failures)}
+
+
+class StepDeadline:
+    """``passed()`` turns True once the step's drafting exceeded PROPOSE_DEADLINE_S;
+    the first time, the timeout is reported as a failure (logged once per kind)."""
+
+    def __init__(self, on_error: Any):
+        self._end = time.perf_counter() + PROPOSE_DEADLINE_S
+        self._on_error = on_error
+        self._passed = False
+
+    def passed(self) -> bool:
+        if not self._passed and time.perf_counter() > self._end:
+            self._passed = True
+            self._on_error("propose", TimeoutError(
+                f"drafting took over {PROPOSE_DEADLINE_S * 1e3:.0f} ms in one step; the "
+                "requests not drafted yet go without drafts this step"))
+        return self._passed
 
 
 def worker_stats(worker: Any) -> dict[str, Any] | None:
@@ -243,18 +273,3 @@ def worker_stats(worker: Any) -> dict[str, Any] | None:
     drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
     return drafter.snapshot() if isinstance(drafter, LogitSpecProposer) else None
 
-
-class EchoProposer(LogitSpecProposer):
-    """``"method": "echo"``: the LogitSpec drafter under ECHO's batch budget.
-
-    The sparse confidence gate and the elastic batch budget are not in this
-    release yet; until they are, echo drafts exactly like logitspec chain mode and
-    says so once at start-up.
-    """
-
-    method = "echo"
-
-    def __init__(self, vllm_config: Any):
-        super().__init__(vllm_config)
-        logger.warning("vllm-echo: method 'echo' currently runs LogitSpec chain drafting "
-                       "without ECHO's gate and shared budget (not implemented yet).")

@@ -59,21 +59,22 @@ class LastLogitsTopK:
 
 
 class ForwardTimer:
-    """Forward-pass time vs tokens in the step: from the end of ``_prepare_inputs``
-    to the start of ``_sample`` (model forward plus logits), fed to ``sink(n, s)``."""
+    """Forward-pass time vs tokens and tree requests in the step: from the end of
+    ``_prepare_inputs`` to the start of ``_sample`` (model forward plus logits),
+    fed to ``sink(num_tokens, seconds, num_trees)``."""
 
-    def __init__(self, sink: Callable[[int, float], None]):
+    def __init__(self, sink: Callable[[int, float, int], None]):
         self.sink = sink
-        self._start: tuple[int, float] | None = None
+        self._start: tuple[int, int, float] | None = None
 
-    def started(self, num_tokens: int) -> None:
-        self._start = (num_tokens, time.perf_counter())
+    def started(self, num_tokens: int, num_trees: int = 0) -> None:
+        self._start = (num_tokens, num_trees, time.perf_counter())
 
     def stopped(self) -> None:
         if self._start is not None:
-            num_tokens, t0 = self._start
+            num_tokens, num_trees, t0 = self._start
             self._start = None
-            self.sink(num_tokens, time.perf_counter() - t0)
+            self.sink(num_tokens, time.perf_counter() - t0, num_trees)
 
 
 def install_sample_hook(runner: Any, sink: LastLogitsTopK,

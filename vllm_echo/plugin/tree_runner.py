@@ -54,8 +54,6 @@ def install_prepare_hook(runner: Any, on_error: Callable[[str, BaseException], N
 
     def _prepare_inputs(scheduler_output, num_scheduled_tokens):
         result = original(scheduler_output, num_scheduled_tokens)
-        if timer is not None:
-            timer.started(int(scheduler_output.total_num_scheduled_tokens))
         tree_state.STEP = None
         if tree_state.TREES and scheduler_output.scheduled_spec_decode_tokens:
             try:
@@ -64,6 +62,10 @@ def install_prepare_hook(runner: Any, on_error: Callable[[str, BaseException], N
                 tree_state.STEP = None
                 _restore_positions(runner, num_scheduled_tokens)
                 on_error("tree step preparation", exc)
+        if timer is not None:
+            step = tree_state.STEP
+            timer.started(int(scheduler_output.total_num_scheduled_tokens),
+                          len(step.trees) if step is not None else 0)
         return result
 
     runner._prepare_inputs = _prepare_inputs

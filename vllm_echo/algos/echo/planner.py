@@ -81,30 +81,45 @@ class Plan:
 
 
 class CostModel:
-    """Least-squares fit of forward time vs verified tokens, frozen once enough
-    distinct sizes were seen (then re-fitting would only chase noise)."""
+    """Least-squares fit of forward time vs verified tokens N and tree requests R,
+    T = a + b N + c R, frozen once enough distinct sizes were seen (then re-fitting
+    would only chase noise). ``c`` is what verifying a request as a tree rather
+    than a chain adds (on CPU, recomputing its rows' attention in every layer);
+    it stays None until trees were timed."""
 
-    def __init__(self, min_samples: int = 8, min_distinct: int = 3, freeze_after: int = 256):
+    def __init__(self, min_samples: int = 8, min_distinct: int = 3, freeze_after: int = 256,
+                 min_tree_samples: int = 4):
         self.min_samples, self.min_distinct, self.freeze_after = (
             min_samples, min_distinct, freeze_after)
+        self.min_tree_samples = min_tree_samples
         self._n: list[int] = []
+        self._r: list[int] = []
         self._t: list[float] = []
         self.coef: tuple[float, float] | None = None  # (a, b)
+        self.tree_cost: float | None = None  # c
         self.frozen = False
 
-    def add(self, num_tokens: int, seconds: float) -> None:
+    def add(self, num_tokens: int, seconds: float, num_trees: int = 0) -> None:
         if self.frozen or num_tokens <= 0 or not seconds > 0:
             return
         self._n.append(num_tokens)
+        self._r.append(num_trees)
         self._t.append(seconds)
         if len(self._n) >= self.min_samples and len(set(self._n)) >= self.min_distinct:
-            n, t = np.asarray(self._n, float), np.asarray(self._t, float)
-            b, a = np.polyfit(n, t, 1)
-            # Noise can tilt the fit; time never falls with more tokens, nor is negative.
-            b = max(float(b), 0.0)
-            a = max(float(np.median(t - b * n)), 1e-6)
-            self.coef = (a, b)
+            self._fit()
             self.frozen = len(self._n) >= self.freeze_after
+
+    def _fit(self) -> None:
+        n, r, t = (np.asarray(x, float) for x in (self._n, self._r, self._t))
+        with_trees = np.count_nonzero(r) >= self.min_tree_samples and np.ptp(r) > 0
+        columns = [np.ones_like(n), n] + ([r] if with_trees else [])
+        coef = np.linalg.lstsq(np.stack(columns, axis=1), t, rcond=None)[0]
+        # Noise can tilt the fit; time never falls with more tokens, nor is negative.
+        b = max(float(coef[1]), 0.0)
+        c = max(float(coef[2]), 0.0) if with_trees else 0.0
+        a = max(float(np.median(t - b * n - c * r)), 1e-6)
+        self.coef = (a, b)
+        self.tree_cost = c if with_trees else None
 
 
 def throughput_budget(probs: np.ndarray, num_requests: int, a: float, b: float) -> int:
@@ -172,7 +187,7 @@ class EchoPlanner:
         result = schedule_budget(trees, k_max, per_request_cap=per_request_cap,
                                  shared_budget=self.settings.shared_budget)
         drafts, plans = [], []
-        selected = iter(result.selected)
+        selected = iter(self._prefer_chains(trees, list(result.selected)))
         for item in scored:
             if item is None:
                 drafts.append((np.empty(0, np.int32), np.empty(0, np.int32)))
@@ -197,6 +212,30 @@ class EchoPlanner:
         probs = np.sort(np.concatenate(eligible) if eligible else np.empty(0))[::-1]
         probs = probs[:per_request_cap * len(trees)]
         return throughput_budget(probs, len(trees), *self.cost.coef)
+
+    def _prefer_chains(self, trees: list[CandidateTree], selected: list[np.ndarray]
+                       ) -> list[np.ndarray]:
+        """Cut a request's selection to its best root path when the tree's extra
+        expected tokens do not pay for its extra cost (c, plus b per extra node) at
+        the step's expected rate of tokens per second. Chains verify natively."""
+        c = self.cost.tree_cost
+        if c is None or self.cost.coef is None or self.settings.k_max is not None:
+            return selected  # before trees were timed (or with a fixed budget): as chosen
+        a, b = self.cost.coef
+        probs = [np.exp(t.scores[s]) for t, s in zip(trees, selected)]
+        num_tokens = sum(len(s) for s in selected) + len(trees)
+        num_trees = sum(not _is_chain(t.parents, s) for t, s in zip(trees, selected))
+        rate = (len(trees) + sum(p.sum() for p in probs)) / (
+            a + b * num_tokens + c * num_trees)
+        out = []
+        for tree, keep, p in zip(trees, selected, probs):
+            if len(keep) and not _is_chain(tree.parents, keep):
+                chain = _best_root_path(tree.parents, keep, p)
+                gain = p.sum() - np.exp(tree.scores[chain]).sum()
+                if gain < rate * (b * (len(keep) - len(chain)) + c):
+                    keep = chain
+            out.append(keep)
+        return out
 
     def nothing_can_pay(self, num_requests: int) -> bool:
         """True when, by the cost model, no candidate could be worth verifying this step:
@@ -237,3 +276,24 @@ class EchoPlanner:
             else:  # the calibrator's fallback is the reference literals; ours applies
                 self.calibration_report += (
                     f"\n  -> keeping the forest gate {self.gate.sweet_spots} taus {self.gate.taus}")
+
+
+def _is_chain(parents: np.ndarray, keep: np.ndarray) -> bool:
+    """The selected nodes (ascending) form one root path: each is the previous one's child."""
+    par = parents[keep]
+    return bool(par[0] == -1 and np.array_equal(par[1:], keep[:-1])) if len(keep) else True
+
+
+def _best_root_path(parents: np.ndarray, keep: np.ndarray, probs: np.ndarray) -> np.ndarray:
+    """The root path inside the selection with the largest sum of acceptance probabilities."""
+    total = dict(zip(keep.tolist(), probs.tolist()))
+    best: dict[int, float] = {}
+    for node in keep.tolist():  # parent-first order: a parent's sum is known first
+        parent = int(parents[node])
+        best[node] = total[node] + (best[parent] if parent >= 0 else 0.0)
+    node = max(best, key=best.get)
+    path = []
+    while node >= 0:
+        path.append(node)
+        node = int(parents[node])
+    return np.asarray(path[::-1], dtype=keep.dtype)
