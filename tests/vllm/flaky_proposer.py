@@ -9,14 +9,23 @@ import time
 from vllm_echo.plugin import proposer, tree_runner
 
 
-def every_third(fn):
+def every_third(fn, fault):
+    """``fn`` with ``fault()`` run before every third call (the 2nd, 5th, ...)."""
     calls = itertools.count()
 
     def flaky(*args, **kwargs):
         if next(calls) % 3 == 1:
-            raise RuntimeError("injected fault")
+            fault()
         return fn(*args, **kwargs)
     return flaky
+
+
+def _raise():
+    raise RuntimeError("injected fault")
+
+
+def _stall():
+    time.sleep(1.5 * proposer.PROPOSE_DEADLINE_S)
 
 
 class FlakyProposer(proposer.LogitSpecProposer):
@@ -24,18 +33,8 @@ class FlakyProposer(proposer.LogitSpecProposer):
         super().__init__(vllm_config)
         # This runs inside the worker: the module-level functions used there fail
         # on every third call.
-        proposer.build_forest = every_third(proposer.build_forest)
-        tree_runner.verify_greedy = every_third(tree_runner.verify_greedy)
-
-
-def slow_every_third(fn):
-    calls = itertools.count()
-
-    def slow(*args, **kwargs):
-        if next(calls) % 3 == 1:
-            time.sleep(1.5 * proposer.PROPOSE_DEADLINE_S)
-        return fn(*args, **kwargs)
-    return slow
+        proposer.build_forest = every_third(proposer.build_forest, _raise)
+        tree_runner.verify_greedy = every_third(tree_runner.verify_greedy, _raise)
 
 
 class SlowProposer(proposer.LogitSpecProposer):
@@ -43,4 +42,4 @@ class SlowProposer(proposer.LogitSpecProposer):
 
     def __init__(self, vllm_config):
         super().__init__(vllm_config)
-        proposer.build_forest = slow_every_third(proposer.build_forest)
+        proposer.build_forest = every_third(proposer.build_forest, _stall)

@@ -20,7 +20,10 @@ budget is the k that maximises expected tokens per second
 (B + sum of the first k p) / T(B + k). On hardware where verification is nearly
 free (a GPU at small batch, b << a) that admits most candidates; where every
 verified token costs compute (this CPU, or large batches) it admits only nodes
-likely enough to pay for themselves, down to none.
+likely enough to pay for themselves, down to none. Verifying a request as a tree
+rather than a chain has its own measured cost c (T = a + b N + c R for R tree
+requests); a selection whose side branches do not pay for it is cut to its best
+root path, which vLLM verifies natively.
 """
 
 from __future__ import annotations
