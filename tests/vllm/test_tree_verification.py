@@ -90,9 +90,7 @@ def test_sampled_requests_in_a_mixed_batch(model_path, spec_bench_16, spec):
         expected = _tokens(llm.chat(chats, params, use_tqdm=False))
     with engine(model_path, spec) as llm:
         got = _tokens(llm.chat(chats, params, use_tqdm=False))
-        again = _tokens(llm.chat(chats, params, use_tqdm=False))  # prefix-cached now
         stats = [s for s in llm.collective_rpc(worker_stats) if s][0]
-    assert again == got, "seeded sampled requests are not reproducible"
     deterministic = [i for i in range(9) if i % 4 != 3]
     _assert_same([got[i] for i in deterministic], [expected[i] for i in deterministic])
     assert all(len(t) == MAX_TOKENS for t in got)
