@@ -226,13 +226,13 @@ class EchoPlanner:
             return selected  # before trees were timed (or with a fixed budget): as chosen
         a, b = self.cost.coef
         probs = [np.exp(t.scores[s]) for t, s in zip(trees, selected)]
+        is_tree = [not _is_chain(t.parents, s) for t, s in zip(trees, selected)]
         num_tokens = sum(len(s) for s in selected) + len(trees)
-        num_trees = sum(not _is_chain(t.parents, s) for t, s in zip(trees, selected))
         rate = (len(trees) + sum(p.sum() for p in probs)) / (
-            a + b * num_tokens + c * num_trees)
+            a + b * num_tokens + c * sum(is_tree))
         out = []
-        for tree, keep, p in zip(trees, selected, probs):
-            if len(keep) and not _is_chain(tree.parents, keep):
+        for tree, keep, p, branched in zip(trees, selected, probs, is_tree):
+            if branched:
                 chain = _best_root_path(tree.parents, keep, p)
                 gain = p.sum() - np.exp(tree.scores[chain]).sum()
                 if gain < rate * (b * (len(keep) - len(chain)) + c):
