@@ -76,7 +76,7 @@ def test_sampled_requests_in_a_mixed_batch(model_path, spec_bench_16, spec):
     """Greedy, deterministic-sampled (top_k=1, or top_p so small only the top token
     survives) and random-sampled requests (temperature, top_p, top_k) in one batch.
     The deterministic ones must match no speculation exactly, which fails without
-    the CPU sampler fix (cpu_sampler_fix.py: vLLM expanded per-token temperature /
+    the CPU sampler fix (sampler_fixes.py: vLLM expanded per-token temperature /
     top-k / top-p from uninitialised memory, giving garbage text and top_k crashes)."""
     from vllm import SamplingParams
 
@@ -90,9 +90,20 @@ def test_sampled_requests_in_a_mixed_batch(model_path, spec_bench_16, spec):
         expected = _tokens(llm.chat(chats, params, use_tqdm=False))
     with engine(model_path, spec) as llm:
         got = _tokens(llm.chat(chats, params, use_tqdm=False))
+        # Again in the same engine (prefix-cached, so scheduled differently): steps
+        # in which no request has drafts but a top-k request runs used to kill the
+        # engine (sampler_fixes.skipping_empty_rows).
+        again = _tokens(llm.chat(chats, params, use_tqdm=False))
         stats = [s for s in llm.collective_rpc(worker_stats) if s][0]
     deterministic = [i for i in range(9) if i % 4 != 3]
-    _assert_same([got[i] for i in deterministic], [expected[i] for i in deterministic])
-    assert all(len(t) == MAX_TOKENS for t in got)
+    for run in (got, again):
+        _assert_same([run[i] for i in deterministic], [expected[i] for i in deterministic])
+        assert all(len(t) == MAX_TOKENS for t in run)
+    if spec is TREE:
+        # LogitSpec drafts depend only on the request's own text, so a seeded request
+        # draws the same random numbers and reproduces. ECHO's drafts depend on the
+        # batch and on what the planner has learned, so its seeded samples are exact
+        # in distribution but not reproducible across calls (README, "Sampling").
+        assert again == got
     assert stats["drafts_tree"] > 0 and stats["accepted_tree"] > 0, stats
     assert not stats["failures"], stats["failures"]

@@ -19,10 +19,12 @@ def register() -> None:
     _registered = True
     from vllm_echo.plugin.compat import check_vllm_version
     from vllm_echo.plugin.errors import install_excepthook
+    from vllm_echo.plugin.kernel_scan_guard import guard_llvmlite_lib
     from vllm_echo.plugin.patches import (patch_create_engine_config,
                                           patch_create_speculative_config)
 
     check_vllm_version()
+    guard_llvmlite_lib()
     patch_create_speculative_config()
     patch_create_engine_config()
     install_excepthook()

