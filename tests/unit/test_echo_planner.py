@@ -148,3 +148,29 @@ def test_nothing_can_pay_when_break_even_exceeds_every_learned_rate():
     # priors start at 0.5 (retrieved) / 0.1 (heads): break-even at B=1 is 0.04
     assert not planner.nothing_can_pay(1)
     assert planner.nothing_can_pay(512)  # 0.002*512/(0.05+1.024) = 0.95 > 0.5
+
+
+def test_probe_steps_explore_so_drafting_can_resume():
+    # Cost model where verifying is dear (break-even 0.5 at B=8) and early drafts all
+    # rejected: every learned rate is below break-even, so the budget admits nothing.
+    planner = EchoPlanner(EchoSettings(method="echo"))
+    for n in (1, 8, 16, 32) * 2:
+        planner.cost.add(n, 0.016 + 0.002 * n)
+    rng = np.random.default_rng(3)
+    batch = [_candidates(rng.integers(0, 6, 80).tolist(), rng.permutation(30)[:8])
+             for _ in range(8)]
+    for _ in range(12):
+        drafts, plans = planner.plan(batch, per_request_cap=8, explore=1)
+        planner.observe([(p, [], 0) for p in plans if p is not None and len(p.token_ids)])
+    assert planner.nothing_can_pay(8)
+    drafts, _ = planner.plan(batch, per_request_cap=8)
+    assert sum(len(t) for t, _ in drafts) == 0
+    # A probe step verifies at most `explore` nodes, one per request, best first ...
+    drafts, plans = planner.plan(batch, per_request_cap=8, explore=4)
+    sizes = [len(t) for t, _ in drafts]
+    assert sum(sizes) == 4 and max(sizes) == 1
+    # ... and when those are accepted, rates recover and the budget opens again.
+    for _ in range(20):
+        drafts, plans = planner.plan(batch, per_request_cap=8, explore=4)
+        planner.observe([(p, [0], 0) for p in plans if p is not None and len(p.token_ids)])
+    assert not planner.nothing_can_pay(8)

@@ -5,6 +5,7 @@ import numba  # noqa: F401  (loads llvmlite.binding.ffi, as a user script may)
 import pytest
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # the scan touches deprecated torch names
 def test_vllm_kernel_scan_with_numba_loaded():
     from llvmlite.binding import ffi
     from vllm.triton_utils.dispatcher import _rebind_kernels

@@ -25,6 +25,7 @@ logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and l
 _EMPTY = np.empty(0, dtype=np.int32)
 _STATS_LOG_EVERY = 500  # steps between ECHO statistics log lines
 _PROBE_EVERY = 16  # when no draft can pay for itself, still plan every this many steps
+_PROBE_NODES = 4  # and verify this many nodes then (planner.plan's explore), to keep learning
 
 
 class EchoProposer(LogitSpecProposer):
@@ -46,7 +47,8 @@ class EchoProposer(LogitSpecProposer):
         self._release_finished(batch.req_id_to_index)
         self._observe(req_ids, sampled_token_ids)
         live = sum(1 for s in sampled_token_ids if s)
-        if self.planner.nothing_can_pay(live) and self.stats.steps % _PROBE_EVERY:
+        probe = self.planner.nothing_can_pay(live)
+        if probe and self.stats.steps % _PROBE_EVERY:
             self.stats.steps += 1
             for req_id in req_ids[:len(sampled_token_ids)]:
                 tree_state.TREES.pop(req_id, None)
@@ -72,7 +74,8 @@ class EchoProposer(LogitSpecProposer):
             head_logp = top_logp[i] if top_logp is not None else np.empty(0)
             candidates.append(Candidates(*nodes, head_logp=head_logp))
             tree_mode.append(use_tree)
-        drafts, plans = self.planner.plan(candidates, self.num_speculative_tokens)
+        drafts, plans = self.planner.plan(candidates, self.num_speculative_tokens,
+                                          explore=_PROBE_NODES if probe else 0)
         out: list[list[int]] = []
         for i, ((tokens, parents), plan) in enumerate(zip(drafts, plans)):
             req_id = req_ids[i]

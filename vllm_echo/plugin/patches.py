@@ -18,8 +18,11 @@ Each entry says what is patched, why, and which upstream code it stands in for
 2. ``runner._sample`` (instance attribute of the runner that owns our proposer)
    What: after the original sampling, (tree mode) replace each tree request's row
       with the greedy tree verdict and compact its KV (tree_runner.verify_step_trees),
-      then record the top-k token ids of the raw logits row that produced each
-      request's last token (runner_hooks.install_sample_hook).
+      then record the raw logits row that produced each request's last token, for
+      its top-k (runner_hooks.install_sample_hook). A step in which no request has a
+      draft token (and no logprobs are asked for) skips the rejection sampler for
+      the same bonus-sampling call it would make, minus the full-vocabulary logprobs
+      it would compute and discard.
    Why: vLLM verifies drafts as one chain per request; LogitSpec's next-next
       candidates come from logits that the custom_class contract does not pass.
    Upstream: vllm/v1/worker/gpu_model_runner.py:3437-3466 (_sample, rejection

@@ -125,6 +125,8 @@ class LogitSpecProposer:
             self._log_failure("propose", exc)
             tree_state.TREES.clear()
             return [[] for _ in range(num_reqs)]
+        finally:
+            self._last_logits.release()  # the step's logits are not kept past drafting
 
     # -- internals -----------------------------------------------------------------
 

@@ -41,21 +41,52 @@ def find_runner() -> Any:
 class LastLogitsTopK:
     """Top-k token ids of the logits row that produced each request's last token.
 
-    Filled by the ``_sample`` wrapper every step, read by ``propose()`` in the same
-    step (the batch order does not change in between: the runner condenses its
-    batch only at the start of the next step).
+    The ``_sample`` wrapper records the step's logits and those rows every step;
+    ``propose()`` reads them in the same step (the batch order does not change in
+    between: the runner condenses its batch only at the start of the next step).
+    The top-k and its log-probabilities are computed on first read, so a step
+    whose proposer drafts nothing (ECHO when no draft can pay) does not pay for a
+    top-k and a log-sum-exp over the vocabulary. ``release()`` drops the logits.
     """
 
     def __init__(self, k: int):
         self.k = k
         self.req_ids: list[str] = []
-        self.token_ids: np.ndarray | None = None  # [num_reqs, k], best first
-        self.logprobs: np.ndarray | None = None   # [num_reqs, k], log softmax of raw logits
+        self._pending: tuple[Any, Any] | None = None  # (logits, rows) of this step
+        self._token_ids: np.ndarray | None = None  # [num_reqs, k], best first
+        self._logprobs: np.ndarray | None = None   # [num_reqs, k], log softmax of raw logits
+
+    def record(self, logits: Any, rows: Any, req_ids: list[str]) -> None:
+        self.req_ids = req_ids
+        self._pending = (logits, rows)
+        self._token_ids = self._logprobs = None
+
+    def release(self) -> None:
+        self._pending = None
+        self._token_ids = self._logprobs = None
 
     def rows_for(self, req_ids: list[str]) -> np.ndarray | None:
-        if self.token_ids is None or self.req_ids != req_ids[: len(self.req_ids)]:
+        if self.req_ids != req_ids[: len(self.req_ids)]:
             return None
-        return self.token_ids
+        self._compute()
+        return self._token_ids
+
+    @property
+    def logprobs(self) -> np.ndarray | None:
+        self._compute()
+        return self._logprobs
+
+    def _compute(self) -> None:
+        if self._token_ids is not None or self._pending is None:
+            return
+        import torch
+
+        logits, rows = self._pending
+        self._pending = None
+        last = logits[rows].float()
+        top = torch.topk(last, min(self.k, last.shape[-1]), dim=-1)
+        self._logprobs = (top.values - torch.logsumexp(last, dim=-1, keepdim=True)).cpu().numpy()
+        self._token_ids = top.indices.to(torch.int32).cpu().numpy()
 
 
 class ForwardTimer:
@@ -77,6 +108,14 @@ class ForwardTimer:
             self.sink(num_tokens, time.perf_counter() - t0, num_trees)
 
 
+def _no_drafts_in_step(metadata: Any, input_batch: Any) -> bool:
+    """True when the plain sampler gives exactly the rejection sampler's result: no
+    request has a draft token and no logprobs are requested (their layout differs)."""
+    sampling = input_batch.sampling_metadata
+    return (metadata.max_spec_len == 0 and sampling.max_num_logprobs is None
+            and not sampling.logprob_token_ids)
+
+
 def install_sample_hook(runner: Any, sink: LastLogitsTopK,
                         on_error: Callable[[str, BaseException], None],
                         compact: Callable | None = None,
@@ -85,11 +124,12 @@ def install_sample_hook(runner: Any, sink: LastLogitsTopK,
 
     With ``compact`` (tree mode), the step's tree requests get their greedy tree
     verdict and KV compaction (tree_runner.verify_step_trees) after vLLM's own
-    sampling. Then the top-k of the raw logits is recorded at the row that
-    produced each request's last token: the rejection sampler works on indexed
-    copies of ``logits``, so ``logits`` is still raw (pre-temperature, post grammar
-    bitmask). For a chain, that row is (bonus row - num_draft_tokens[i]) +
-    num_generated[i] - 1; for a tree, the row of its last accepted node.
+    sampling. Then the raw logits rows that produced each request's last token are
+    recorded for the top-k (computed when the proposer reads it): the samplers work
+    on indexed copies of ``logits``, so ``logits`` is still raw (pre-temperature,
+    post grammar bitmask). For a chain, that row is (bonus row - num_draft_tokens[i])
+    + num_generated[i] - 1; for a tree, the row of its last accepted node. A step in
+    which no request has a draft is sampled by the plain sampler (_no_drafts_in_step).
     """
     import torch
 
@@ -100,8 +140,20 @@ def install_sample_hook(runner: Any, sink: LastLogitsTopK,
     def _sample(logits, spec_decode_metadata):
         if timer is not None:
             timer.stopped()
-        output = original(logits, spec_decode_metadata)
-        sink.token_ids = None
+        sink.release()
+        if spec_decode_metadata is not None and _no_drafts_in_step(spec_decode_metadata,
+                                                                   runner.input_batch):
+            # vLLM builds spec metadata for every step once speculation is on; with no
+            # draft anywhere the rejection sampler's result is its bonus sample, taken
+            # here by the same call minus the full-vocabulary logprobs it would compute
+            # and discard (rejection_sampler.py:141-160), and minus empty kernels.
+            runner.input_batch.update_async_output_token_ids()
+            output = runner.sampler(
+                logits=logits[spec_decode_metadata.bonus_logits_indices],  # a copy: raw stays raw
+                sampling_metadata=runner.input_batch.sampling_metadata,
+                predict_bonus_token=True)
+        else:
+            output = original(logits, spec_decode_metadata)
         if logits is None or spec_decode_metadata is None:
             return output
         last_rows: dict[int, int] = {}
@@ -119,13 +171,7 @@ def install_sample_hook(runner: Any, sink: LastLogitsTopK,
             rows = spec_decode_metadata.bonus_logits_indices - num_drafts + num_generated - 1
             for i, row in last_rows.items():
                 rows[i] = row
-            k = min(sink.k, logits.shape[-1])
-            last = logits[rows].float()
-            top = torch.topk(last, k, dim=-1)
-            logprobs = (top.values - torch.logsumexp(last, dim=-1, keepdim=True)).cpu().numpy()
-            sink.req_ids = list(runner.input_batch.req_ids[: sampled.shape[0]])
-            sink.logprobs = logprobs
-            sink.token_ids = top.indices.to(torch.int32).cpu().numpy()  # last: marks it valid
+            sink.record(logits, rows, list(runner.input_batch.req_ids[: sampled.shape[0]]))
         except Exception as exc:  # never let drafting break sampling
             on_error("logits capture", exc)
         return output

@@ -158,9 +158,14 @@ class EchoPlanner:
 
     # -- planning ----------------------------------------------------------------------
 
-    def plan(self, batch: list[Candidates | None], per_request_cap: int
+    def plan(self, batch: list[Candidates | None], per_request_cap: int, explore: int = 0
              ) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[Plan | None]]:
-        """Draft trees ``(token_ids, parents)`` per request (empty where None)."""
+        """Draft trees ``(token_ids, parents)`` per request (empty where None).
+
+        ``explore``: if the budget admits no node, verify up to this many anyway, one
+        per request, best scored first. Acceptance rates are learned only from
+        verified drafts, so without this a few unlucky early steps (rates pushed below
+        break-even) would stop all drafting, and all learning, for good."""
         trees, scored = [], []
         mode = "dense" if self.settings.gating == "dense" else (
             "fixed" if self.settings.fixed_tau_value is not None else "sparse")
@@ -186,6 +191,8 @@ class EchoPlanner:
                                        decision.trunc_depth, not decision.truncated))
             scored.append((cand, depths, retrieved, buckets, scores, decision))
         k_max = self._k_max(trees, per_request_cap)
+        if k_max == 0 and explore > 0:
+            k_max, per_request_cap = min(explore, len(trees)), 1
         self.last_k_max = k_max
         result = schedule_budget(trees, k_max, per_request_cap=per_request_cap,
                                  shared_budget=self.settings.shared_budget)
