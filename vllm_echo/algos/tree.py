@@ -27,7 +27,7 @@ def _as_int_vector(values: ArrayLike, name: str) -> np.ndarray:
     if arr.size == 0:
         # An empty list has a float dtype in numpy; it is still a valid tree.
         return arr.astype(np.int64)
-    if not np.issubdtype(arr.dtype, np.integer):
+    if arr.dtype.kind not in "iu":  # signed or unsigned integers (cheaper than issubdtype)
         raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
     return arr.astype(np.int64, copy=False)
 

@@ -34,7 +34,7 @@ def _int_array(values, name: str) -> np.ndarray:
     arr = np.asarray(values)
     if arr.size == 0:
         return arr.astype(np.int64).reshape(arr.shape)
-    if not np.issubdtype(arr.dtype, np.integer):
+    if arr.dtype.kind not in "iu":  # signed or unsigned integers (cheaper than issubdtype)
         raise ValueError(f"{name} must hold integers, got dtype {arr.dtype}")
     return arr.astype(np.int64, copy=False)
 
