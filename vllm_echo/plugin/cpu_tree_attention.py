@@ -131,7 +131,7 @@ class TreeCPUAttentionBackend(CPUAttentionBackend):
 
 
 def compact_accepted_path(tree: tree_state.TreeRows, row_offset: int, path: list[int],
-                          captured: dict[str, tuple]) -> None:
+                          step: tree_state.StepTrees) -> None:
     """Move the accepted nodes' K/V to the consecutive slots vLLM assumes.
 
     ``row_offset`` is the tree's first row inside the captured rows. Node j was
@@ -144,7 +144,7 @@ def compact_accepted_path(tree: tree_state.TreeRows, row_offset: int, path: list
         return
     dst = torch.tensor([row_offset + d for d, _ in moves])
     src = torch.tensor([row_offset + s for _, s in moves])
-    for layer, impl, k_cap, v_cap, kv_cache, slot_cap in captured.values():
+    for layer, impl, k_cap, v_cap, kv_cache, slot_cap in step.captured.values():
         num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
         key_cache, value_cache = kv_cache.view(
             num_blocks, num_kv_heads, 2 * block_size, -1).chunk(2, dim=2)

@@ -89,6 +89,17 @@ Each entry says what is patched, why, and which upstream code it stands in for
    Upstream: vllm/triton_utils/dispatcher.py:125-139 (_rebind_kernels), run by
       vllm/v1/worker/worker_base.py:282 right after the plugins load.
 
+8. ``FlexAttentionMetadata.get_mask_mod`` (class attribute, wrapped; CUDA tree mode
+   only, installed from the proposer's __init__ via tree_support.prepare)
+   What: while the step has tree requests, AND a tree mask into the mask vLLM
+      composes: a tree row sees its request's prefix, root, ancestors and itself
+      (vllm_echo.plugin.flex_tree_attention); unchanged otherwise.
+   Why: FLEX_ATTENTION takes a mask_mod but has no per-request spec-decode mask;
+      this method is the single point every block-mask build goes through.
+   Upstream: vllm/v1/attention/backends/flex_attention.py:615-636 (get_mask_mod),
+      called from __post_init__ (:831), build_block_mask (:808) and forward-time
+      rebuilds (:1293-1320).
+
 Not vLLM, listed for completeness: ``sys.excepthook`` is wrapped so that a
 ``SpeculativeConfigError`` reaching the top level prints as one line
 (vllm_echo.plugin.errors); all other exceptions are passed on unchanged.

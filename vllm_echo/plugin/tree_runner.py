@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from vllm_echo.algos.verify import verify_greedy, verify_sampling
-from vllm_echo.plugin import tree_state
+from vllm_echo.plugin import tree_state, tree_support
 
 
 def tree_unsafe_reason(params: Any) -> str | None:
@@ -93,7 +93,11 @@ def _collect_step(runner: Any, scheduler_output: Any) -> tree_state.StepTrees | 
     if not trees:
         return None
     rows = torch.from_numpy(np.concatenate(all_rows)).to(runner.positions.device)
-    return tree_state.StepTrees(trees, rows)
+    step = tree_state.StepTrees(trees, rows)
+    if tree_support.compacts_by_slot():  # slot mapping is computed in the original
+        step.slots = batch.block_table[0].slot_mapping.gpu[rows]
+        step.kv_caches = tree_support.kv_caches()
+    return step
 
 
 def _restore_positions(runner: Any, num_scheduled_tokens: np.ndarray) -> None:
@@ -170,7 +174,7 @@ def verify_step_trees(logits: torch.Tensor, metadata: Any, sampled: torch.Tensor
             if not greedy:  # no tree verdict: keep vLLM's own sample of the root row
                 next_token = int(sampled[tree.req_idx, 0])
         try:
-            compact(tree, offset, path, step.captured)
+            compact(tree, offset, path, step)
         except Exception as exc:
             on_error("KV compaction", exc)
             in_place = next((k for k, j in enumerate(path) if j != k), len(path))

@@ -48,7 +48,12 @@ class StepTrees:
 
     trees: list[TreeRows]
     all_rows: Any                                  # torch.long: every tree query row
-    captured: dict[str, tuple] = field(default_factory=dict)  # layer -> K/V of all_rows
+    captured: dict[str, tuple] = field(default_factory=dict)  # CPU: layer -> K/V of all_rows
+    # FLEX_ATTENTION (flex_tree_attention.py): the step's mask tables, the KV slots of
+    # all_rows and every attention layer's cache, for the mask and the compaction.
+    mask_tables: Any = None
+    slots: Any = None
+    kv_caches: list[Any] = field(default_factory=list)
 
 
 # req_id -> TreeDraft, written by the proposer, read when the step is prepared.

@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Where tree verification is available, decided once per worker.
 
-Trees need a per-request attention mask, which only our CPU_ATTN subclass
-provides so far (vllm_echo/plugin/cpu_tree_attention.py). Anything else — a GPU
-backend, a model feature the torch tree path does not implement, an unknown KV
-packing — keeps the proposer in chain mode, said once in the log.
+Trees need a per-request attention mask. Two backends provide one: on CPU our
+CPU_ATTN subclass (vllm_echo/plugin/cpu_tree_attention.py), on CUDA vLLM's
+FLEX_ATTENTION with our mask ANDed in (vllm_echo/plugin/flex_tree_attention.py;
+selected by the user with ``--attention-backend FLEX_ATTENTION``, eager mode).
+Anything else — another GPU backend, CUDA graphs, a model feature the tree path
+does not implement, an unknown KV packing — keeps the proposer in chain mode,
+said once in the log.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and l
 _TREE_BACKEND = "vllm_echo.plugin.cpu_tree_attention.TreeCPUAttentionBackend"
 _attention_layers: list[Any] = []
 _layout_checked: dict[str, bool] = {}
+_mode: list[str] = []  # "cpu" or "flex" once prepare() accepted trees
 
 
 def _chain_mode(reason: str) -> bool:
@@ -26,21 +30,42 @@ def _chain_mode(reason: str) -> bool:
 
 def prepare(vllm_config: Any) -> bool:
     """Called from the proposer's __init__, before the model (and its attention
-    layers) is built: route CPU_ATTN through the tree-capable subclass."""
+    layers) is built: route CPU_ATTN through the tree-capable subclass, or add the
+    tree mask to FLEX_ATTENTION on CUDA."""
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu():
-        return _chain_mode(f"no tree attention for platform {current_platform.device_name!r} "
-                           "in this release")
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
         return _chain_mode("pipeline parallel > 1")
     model_config = vllm_config.model_config
     if getattr(model_config, "uses_mrope", False):
         return _chain_mode("M-RoPE positions")
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+    if current_platform.is_cpu():
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-    register_backend(AttentionBackendEnum.CPU_ATTN, _TREE_BACKEND)
-    return True
+        register_backend(AttentionBackendEnum.CPU_ATTN, _TREE_BACKEND)
+        _mode[:] = ["cpu"]
+        return True
+    if current_platform.is_cuda():
+        if not getattr(model_config, "enforce_eager", False):
+            return _chain_mode("tree verification on CUDA runs in eager mode only "
+                               "(enforce_eager=True / --enforce-eager)")
+        from vllm_echo.plugin.flex_tree_attention import install_flex_tree_mask
+
+        install_flex_tree_mask()  # inert unless the layers turn out to be FLEX_ATTENTION
+        _mode[:] = ["flex"]
+        return True
+    return _chain_mode(f"no tree attention for platform {current_platform.device_name!r}")
+
+
+def compacts_by_slot() -> bool:
+    """True when KV compaction copies by slot (FLEX_ATTENTION), not from captured K/V."""
+    return _mode == ["flex"]
+
+
+def kv_caches() -> list[Any]:
+    """Every tree-checked attention layer's KV cache tensor."""
+    return [layer.kv_cache[0] if isinstance(layer.kv_cache, list) else layer.kv_cache
+            for layer in _attention_layers]
 
 
 def check_model(model: Any) -> bool:
@@ -48,17 +73,20 @@ def check_model(model: Any) -> bool:
     what the torch tree path implements."""
     from vllm.model_executor.layers.attention.attention import Attention
 
-    from vllm_echo.plugin.cpu_tree_attention import TreeCPUAttentionImpl
-
     layers = [m for m in model.modules() if isinstance(m, Attention)]
     if not layers:
         return _chain_mode("no attention layers found")
+    tree_impl = _tree_impl_class()
     for layer in layers:
         impl = layer.impl
-        if not isinstance(impl, TreeCPUAttentionImpl):
-            return _chain_mode(f"attention impl {type(impl).__name__} is not tree-capable")
-        if (impl.sliding_window not in (None, -1) or impl.alibi_slopes is not None
-                or impl.logits_soft_cap or impl.sinks is not None):
+        if not isinstance(impl, tree_impl):
+            hint = " (start vLLM with --attention-backend FLEX_ATTENTION)" \
+                if compacts_by_slot() else ""
+            return _chain_mode(f"attention impl {type(impl).__name__} is not tree-capable{hint}")
+        if (getattr(impl, "sliding_window", None) not in (None, -1)
+                or getattr(impl, "alibi_slopes", None) is not None
+                or getattr(impl, "logits_soft_cap", None)
+                or getattr(impl, "sinks", None) is not None):
             return _chain_mode("sliding window / ALiBi / soft-cap / sinks attention")
         if impl.kv_cache_dtype != "auto":
             return _chain_mode(f"quantized KV cache ({impl.kv_cache_dtype})")
@@ -66,14 +94,27 @@ def check_model(model: Any) -> bool:
     return True
 
 
+def _tree_impl_class() -> type:
+    if compacts_by_slot():
+        from vllm.v1.attention.backends.flex_attention import FlexAttentionImpl
+
+        return FlexAttentionImpl
+    from vllm_echo.plugin.cpu_tree_attention import TreeCPUAttentionImpl
+
+    return TreeCPUAttentionImpl
+
+
 def layout_ok() -> bool:
-    """After the KV cache exists: the cache packing of the layers' ISA must decode."""
+    """After the KV cache exists: on CPU the cache packing of the layers' ISA must
+    decode; FLEX_ATTENTION's layout is plain [blocks, kv heads, block size, 2 x head]."""
+    if compacts_by_slot():
+        return True
     from vllm_echo.plugin.cpu_tree_attention import probe_layout
 
     layer = _attention_layers[0]
     isa = getattr(layer, "isa", None)
     if isa not in _layout_checked:
-        kv = layer.kv_cache[0] if isinstance(layer.kv_cache, list) else layer.kv_cache
+        kv = kv_caches()[0]
         _layout_checked[isa] = probe_layout(isa, kv.dtype, layer.impl.num_kv_heads,
                                             layer.impl.head_size, kv.shape[2])
         if not _layout_checked[isa]:
@@ -82,6 +123,8 @@ def layout_ok() -> bool:
 
 
 def compactor() -> Callable:
-    from vllm_echo.plugin.cpu_tree_attention import compact_accepted_path
-
+    if compacts_by_slot():
+        from vllm_echo.plugin.flex_tree_attention import compact_accepted_path
+    else:
+        from vllm_echo.plugin.cpu_tree_attention import compact_accepted_path
     return compact_accepted_path

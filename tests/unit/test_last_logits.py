@@ -1,0 +1,27 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The step's last-logits top-k: computed on first read, dropped after drafting."""
+
+import numpy as np
+import torch
+
+from vllm_echo.plugin.runner_hooks import LastLogitsTopK
+
+
+def test_top_k_of_the_recorded_rows_on_first_read():
+    logits = torch.tensor([[0.0, 3.0, 1.0, 2.0],    # request 0, draft row
+                           [5.0, 0.0, 4.0, 1.0],    # request 0, its last token's row
+                           [1.0, 2.0, 3.0, 4.0]])   # request 1
+    sink = LastLogitsTopK(k=2)
+    sink.record(logits, torch.tensor([1, 2]), ["a", "b"])
+    logits_seen = logits.clone()
+    assert sink.rows_for(["a", "b", "c"]).tolist() == [[0, 2], [3, 2]]  # new request c
+    want = (logits_seen[[1, 2]] - torch.logsumexp(logits_seen[[1, 2]], -1, keepdim=True))
+    np.testing.assert_allclose(sink.logprobs, torch.topk(want, 2).values.numpy(), rtol=1e-6)
+    assert sink.rows_for(["b", "a"]) is None  # another batch order: nothing valid
+
+
+def test_release_drops_the_logits():
+    sink = LastLogitsTopK(k=1)
+    sink.record(torch.zeros(1, 3), torch.tensor([0]), ["a"])
+    sink.release()
+    assert sink.rows_for(["a"]) is None and sink.logprobs is None

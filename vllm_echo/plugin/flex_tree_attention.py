@@ -1,0 +1,123 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Tree verification on GPU: a per-request tree mask inside vLLM's FLEX_ATTENTION.
+
+FlexAttention builds every step's mask from one composition point,
+``FlexAttentionMetadata.get_mask_mod`` (flex_attention.py:615-636; the block mask
+built in ``__post_init__`` and every forward-time rebuild go through it). We AND a
+tree mask into it: a query row of a tree request may see key position k iff k is
+before the request's root (the prefix) or k is the root, one of the row's
+ancestors or the row itself. A tree mask is a subset of causal, so vLLM's causal
+block pruning stays valid; the direct block-mask builder marks no block "full"
+(flex_attention.py:797-798), so the mask is evaluated on every block it keeps.
+
+Per query token the mask reads two tables built once per step from
+tree_state.STEP (after ``_prepare_inputs``, before the metadata is built):
+``tree_start[q]`` = the logical position of its request's root (a huge value for
+tokens of requests without a tree, so only causality applies) and
+``anc_words[q]`` = the ancestor bits of its row, from the tree-mask op in csrc/
+(``vllm_echo.ops.tree_mask.build_tree_mask``: the CUDA kernel on the GPU). KV
+compaction is an indexed copy in the paged cache
+``[num_blocks, num_kv_heads, block_size, 2 * head_size]``.
+
+Eager mode only (tree_support.prepare checks): under CUDA graphs the tables would
+have to live in persistent buffers.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from vllm_echo.ops.tree_mask import BITS_PER_WORD, build_tree_mask
+from vllm_echo.plugin import tree_state
+
+_NO_TREE = torch.iinfo(torch.int64).max // 2
+_MARK = "_vllm_echo_tree_mask"
+
+
+def step_mask_tables(trees: list[tree_state.TreeRows], num_query_tokens: int,
+                     device: Any = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tree_start [T] int64, anc_words [T, W] int32)`` for the step's flattened
+    query tokens; rows of tokens outside trees see no tree (start = huge)."""
+    # the op's trees include the root as local node 0 (parent -1)
+    parents = np.concatenate([np.concatenate([[-1], t.parents.astype(np.int64) + 1])
+                              for t in trees]).astype(np.int32)
+    num_rows = [t.num_rows for t in trees]
+    cu = np.cumsum([0] + num_rows).astype(np.int32)
+    base = torch.tensor([t.context_len for t in trees], dtype=torch.int64)
+    _, words = build_tree_mask(torch.from_numpy(parents).to(device), torch.from_numpy(cu).to(device),
+                               base.to(device), max(num_rows), validate=False)
+    rows = torch.from_numpy(np.concatenate(
+        [np.arange(t.query_start, t.query_start + t.num_rows) for t in trees])).to(device)
+    tree_start = torch.full((num_query_tokens,), _NO_TREE, dtype=torch.int64, device=device)
+    tree_start[rows] = torch.repeat_interleave(base, torch.tensor(num_rows)).to(device)
+    anc_words = torch.zeros(num_query_tokens, words.shape[1], dtype=torch.int32, device=device)
+    anc_words[rows] = words
+    return tree_start, anc_words
+
+
+def tree_mask_mod(logical_kv: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                  tree_start: torch.Tensor, anc_words: torch.Tensor) -> Callable:
+    """A FlexAttention ``mask_mod(b, h, q_idx, kv_idx)`` for the tables above;
+    ``logical_kv(q_idx, kv_idx)`` gives the key's position in its request."""
+    num_words = anc_words.shape[1]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        rel = logical_kv(q_idx, kv_idx) - tree_start[q_idx]
+        col = rel.clamp(min=0)
+        word = anc_words[q_idx, (col // BITS_PER_WORD).clamp(max=num_words - 1)]
+        is_ancestor = ((word >> (col % BITS_PER_WORD)) & 1) == 1
+        in_tree = col < num_words * BITS_PER_WORD  # keys past it fail causality anyway
+        return (rel < 0) | (is_ancestor & in_tree)
+
+    return mask_mod
+
+
+def install_flex_tree_mask() -> None:
+    """Wrap ``FlexAttentionMetadata.get_mask_mod`` (idempotent; inert without trees)."""
+    from torch.nn.attention.flex_attention import and_masks
+    from vllm.v1.attention.backends.flex_attention import FlexAttentionMetadata
+
+    original = FlexAttentionMetadata.get_mask_mod
+    if getattr(original, _MARK, False):
+        return
+
+    def get_mask_mod(self):
+        mask_mod = original(self)
+        step = tree_state.STEP
+        if step is None or not step.trees or not self.uses_paged_kv:
+            return mask_mod
+        if step.mask_tables is None:  # once per step, shared by every layer's metadata
+            step.mask_tables = step_mask_tables(step.trees, self.doc_ids.shape[0],
+                                                self.doc_ids.device)
+        tables = step.mask_tables
+
+        def logical_kv(q_idx, kv_idx):
+            return self._convert_physical_to_logical(self.doc_ids, q_idx, kv_idx)[2]
+
+        return and_masks(mask_mod, tree_mask_mod(logical_kv, *tables))
+
+    setattr(get_mask_mod, _MARK, True)
+    FlexAttentionMetadata.get_mask_mod = get_mask_mod
+
+
+def compact_accepted_path(tree: tree_state.TreeRows, row_offset: int, path: list[int],
+                          step: tree_state.StepTrees) -> None:
+    """Copy the accepted nodes' K/V to the consecutive slots vLLM assumes.
+
+    Node j was written at the slot of query row j+1; the k-th accepted node must sit
+    at the slot of row k+1. ``step.slots`` holds the slots of every tree row.
+    """
+    moves = [(k + 1, j + 1) for k, j in enumerate(path) if j != k]
+    if not moves:
+        return
+    slots = step.slots
+    dst = slots[torch.tensor([row_offset + d for d, _ in moves], device=slots.device)]
+    src = slots[torch.tensor([row_offset + s for _, s in moves], device=slots.device)]
+    for kv_cache in step.kv_caches:
+        block_size = kv_cache.shape[2]
+        # the right side is gathered (a copy) before anything is written
+        kv_cache[dst // block_size, :, dst % block_size] = \
+            kv_cache[src // block_size, :, src % block_size]
