@@ -32,7 +32,7 @@ from typing import Callable
 
 import torch
 
-_MARK = "_vllm_echo_cpu_expand"
+_MARK = "_vllm_echo_sampler_fix"  # marks both replacements (idempotent install)
 
 
 def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int,
