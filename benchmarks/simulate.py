@@ -63,16 +63,18 @@ def record(path: Path, dataset: str, num_prompts: int, max_tokens: int, model: s
     rows = []
     for p, out in zip(chosen, outs):
         comp = out.outputs[0]
-        topk = []
+        topk, topk_logp = [], []
         for tok, lp in zip(comp.token_ids, comp.logprobs):
             # The dict holds the top-64 plus the sampled token; rank orders them.
-            ranked = sorted(lp.items(), key=lambda kv: kv[1].rank)
-            ids = [t for t, v in ranked if v.rank <= TOPK][:TOPK]
-            rank1_mismatch += ids[0] != tok
-            topk.append(ids)
+            ranked = [(t, v) for t, v in sorted(lp.items(), key=lambda kv: kv[1].rank)
+                      if v.rank <= TOPK][:TOPK]
+            rank1_mismatch += ranked[0][0] != tok
+            topk.append([t for t, _ in ranked])
+            topk_logp.append([round(v.logprob, 4) for _, v in ranked])
         rows.append({"question_id": p.question_id, "category": p.category,
                      "prompt_ids": list(out.prompt_token_ids),
-                     "output_ids": list(comp.token_ids), "topk_ids": topk})
+                     "output_ids": list(comp.token_ids), "topk_ids": topk,
+                     "topk_logprobs": topk_logp})
     # the folder name only: a trace is shared, the machine path is not
     meta = {"model": Path(model).name, "dataset": dataset, "num_prompts": len(rows),
             "max_tokens": max_tokens, "dtype": dtype, "topk": TOPK, "logprobs_mode": mode,
@@ -194,16 +196,19 @@ class Replay:
         return argmax
 
 
-def replay(rows: list[dict], draft: Callable | None) -> dict[str, Any]:
+def replay(rows: list[dict], draft: Callable | None, tree_cost: float = 0.25
+           ) -> dict[str, Any]:
     from vllm_echo.algos.verify import verify_greedy
 
     steps = tokens = drafted = decode_steps = 0
+    seconds = seconds_none = 0.0
     for row in rows:
         state = Replay(row)
         n = state.n_out
         if n == 0:
             continue
         steps += 1  # prefill emits output 0
+        seconds_none += (n - 1) * step_cost(1)
         pos = 0
         while pos < n - 1:
             if draft is None:
@@ -212,6 +217,8 @@ def replay(rows: list[dict], draft: Callable | None) -> dict[str, Any]:
                 cand, par = draft(state, pos)
             path, _ = verify_greedy(cand, par, state.target_argmax(pos, cand, par))
             emitted = min(len(path) + 1, n - 1 - pos)
+            is_tree = len(par) > 0 and not np.array_equal(par, np.arange(-1, len(par) - 1))
+            seconds += step_cost(1 + len(cand)) + (tree_cost if is_tree else 0.0)
             pos += emitted
             steps += 1
             decode_steps += 1
@@ -219,7 +226,94 @@ def replay(rows: list[dict], draft: Callable | None) -> dict[str, Any]:
         tokens += n
     return {"tokens": tokens, "steps": steps,
             "tokens_per_step": tokens / steps if steps else None,
-            "drafted_per_step": drafted / decode_steps if decode_steps else None}
+            "drafted_per_step": drafted / decode_steps if decode_steps else None,
+            "modeled_speedup": seconds_none / seconds if seconds else None}
+
+
+# Decode step time vs tokens verified at batch 1, relative to a plain step (fp32, this
+# CPU, vLLM 0.32): medians measured in the engine up to 17 tokens (34.6 ms for 1); 33
+# and 65 from ../shared/docs/baselines.md. Not monotone: oneDNN is slower at 2 rows
+# than at 4.
+CPU_B1_COST = ((1, 2, 3, 4, 5, 6, 7, 9, 10, 14, 17, 33, 65),
+               (1.0, 1.093, 0.977, 0.945, 0.965, 0.925, 1.037, 1.188, 1.199, 1.376, 1.441,
+                2.0, 2.9))
+
+
+def step_cost(num_tokens: int, curve=CPU_B1_COST) -> float:
+    """Relative step time, extended past the last point with the last segment's slope."""
+    ks, ts = curve
+    if num_tokens <= ks[-1]:
+        return float(np.interp(num_tokens, ks, ts))
+    return ts[-1] + (num_tokens - ks[-1]) * (ts[-1] - ts[-2]) / (ks[-1] - ks[-2])
+
+
+def echo_replay(rows: list[dict], overrides: dict | None = None, tree_cost: float = 0.25,
+                probe_every: int = 16, probe_nodes: int = 4) -> dict[str, Any]:
+    """ECHO at batch 1: the planner sees each step's forest and learns from its verdicts.
+
+    The engine's timings are replaced by ``step_cost`` (plus ``tree_cost`` for a step
+    verified as a tree), fed to the planner's cost model as the plugin feeds measured
+    ones, prefills included. ``modeled_speedup``: tokens per modeled second against
+    no speculation; ``plan_ms_per_step``: the planner's own time per decode step.
+    """
+    from vllm_echo.algos.echo.planner import Candidates, EchoPlanner
+    from vllm_echo.algos.forest import build_forest_nodes
+    from vllm_echo.algos.verify import verify_greedy
+    from vllm_echo.config import EchoSettings
+
+    settings = EchoSettings.from_dict({"method": "echo", "num_speculative_tokens": 63,
+                                       **(overrides or {})})
+    cap = settings.max_drafts
+    planner = EchoPlanner(settings)
+    steps = tokens = drafted = decode_steps = tree_steps = 0
+    seconds = seconds_none = plan_s = 0.0
+    for row in rows:
+        if "topk_logprobs" not in row:
+            raise ValueError("the trace has no topk_logprobs; record it again (--record)")
+        state = Replay(row)
+        n = state.n_out
+        if n == 0:
+            continue
+        seconds_none += (n - 1) * step_cost(1)
+        steps += 1
+        pos = 0
+        while pos < n - 1:
+            start = time.perf_counter()
+            if planner.nothing_can_pay(1) and decode_steps % probe_every:
+                cand = par = np.empty(0, np.int32)
+                plan = None
+            else:
+                top = state.topk[pos]
+                nodes = build_forest_nodes(state.index_at(pos), top, min(settings.capacity,
+                                           cap + 1), max_chains=(1 << 30) if settings.tree else 1)
+                logp = np.asarray(row["topk_logprobs"][pos], dtype=np.float64)
+                (cand, par), plan = (x[0] for x in planner.plan(
+                    [Candidates(*nodes, head_logp=logp)], cap,
+                    explore=probe_nodes if planner.nothing_can_pay(1) else 0))
+            plan_s += time.perf_counter() - start
+            path, _ = verify_greedy(cand, par, state.target_argmax(pos, cand, par))
+            emitted = min(len(path) + 1, n - 1 - pos)
+            if plan is not None and len(path) + 1 == emitted:
+                next_token = int(state.full[state.prompt_len + pos + emitted])
+                planner.observe([(plan, path, next_token)])
+            is_tree = len(par) > 0 and not np.array_equal(par, np.arange(-1, len(par) - 1))
+            cost = step_cost(1 + len(cand)) + (tree_cost if is_tree else 0.0)
+            tree_steps += is_tree
+            planner.cost.add(1 + len(cand), cost, int(is_tree), len(cand) > 0)
+            seconds += cost
+            pos += emitted
+            steps += 1
+            decode_steps += 1
+            drafted += len(cand)
+        tokens += n
+    return {"tokens": tokens, "steps": steps,
+            "tokens_per_step": tokens / steps if steps else None,
+            "drafted_per_step": drafted / decode_steps if decode_steps else None,
+            "modeled_speedup": seconds_none / seconds if seconds else None,
+            "plan_ms_per_step": 1e3 * plan_s / decode_steps if decode_steps else None,
+            "k_max_last": planner.last_k_max, "cost_model": planner.cost.coef,
+            "cost_knee": planner.cost.knee, "tree_cost": planner.cost.tree_cost,
+            "draft_cost": planner.cost.draft_cost, "tree_steps": tree_steps}
 
 
 def simulate(rows: list[dict]) -> dict[str, Any]:

@@ -12,32 +12,64 @@ from vllm_echo.config import EchoSettings
 def test_throughput_budget_known_answers():
     probs = np.array([0.9, 0.8, 0.3, 0.05])
     # free verification: take everything
-    assert throughput_budget(probs, 1, a=1.0, b=0.0) == 4
+    assert throughput_budget(probs, 1, CostModel.fixed(a=1.0, b=0.0)) == 4
     # a token costs as much as the fixed part: 1/2, 1.9/3, 2.7/4 (best), 3.0/5, 3.05/6
-    assert throughput_budget(probs, 1, a=1.0, b=1.0) == 2
+    assert throughput_budget(probs, 1, CostModel.fixed(a=1.0, b=1.0)) == 2
     # batch 64, T = 1 + 0.05 N: a draft pays off only if p > 0.05 * 64 / 4.2 = 0.76
-    assert throughput_budget(probs, 64, a=1.0, b=0.05) == 2
-    assert throughput_budget(np.array([0.5, 0.3, 0.1]), 64, a=1.0, b=0.05) == 0
-    assert throughput_budget(np.empty(0), 4, a=1.0, b=0.1) == 0
+    assert throughput_budget(probs, 64, CostModel.fixed(a=1.0, b=0.05)) == 2
+    assert throughput_budget(np.array([0.5, 0.3, 0.1]), 64, CostModel.fixed(a=1.0, b=0.05)) == 0
+    assert throughput_budget(np.empty(0), 4, CostModel.fixed(a=1.0, b=0.1)) == 0
+    # below the knee tokens are free: with T = 1 + max(0, N - 4), the first 3 drafts
+    # (N = 2..4) cost nothing, the 4th (p = 0.05) would double the step
+    assert throughput_budget(probs, 1, CostModel.fixed(a=1.0, b=1.0, knee=4)) == 3
+    # a step with any draft pays d once: d = 0.5 is worth it for 2.05 expected tokens
+    # (3.05 / 1.5 > 1 / 1), d = 3 is not (3.05 / 4 < 1)
+    assert throughput_budget(probs, 1, CostModel.fixed(a=1.0, b=0.0, draft_cost=0.5)) == 4
+    assert throughput_budget(probs, 1, CostModel.fixed(a=1.0, b=0.0, draft_cost=3.0)) == 0
 
 
-def test_cost_model_fits_linear_time_and_freezes():
-    model = CostModel(min_samples=6, min_distinct=3, freeze_after=10)
+def test_cost_model_fits_linear_time():
+    model = CostModel(min_samples=6, min_distinct=3)
     for n in [1, 5, 17, 33, 1, 5, 17, 33, 65, 65]:
         model.add(n, 0.05 + 0.001 * n)
-    a, b = model.coef
-    assert a == pytest.approx(0.05, abs=1e-6) and b == pytest.approx(0.001, abs=1e-7)
-    assert model.frozen
-    model.add(1000, 99.0)  # ignored once frozen
-    assert model.coef == (a, b)
+    # a line is a hinge whose knee is the smallest N
+    assert model.knee == 1
+    assert model.time(1) == pytest.approx(0.051) and model.time(65) == pytest.approx(0.115)
+    assert model.coef[1] == pytest.approx(0.001, abs=1e-7)
+
+
+def test_cost_model_finds_the_knee_and_follows_new_samples():
+    model = CostModel(min_samples=8, min_distinct=3, window=32, refit_every=8)
+    flat_then_linear = [(n, 0.03 + 0.001 * max(0, n - 6)) for n in (1, 2, 3, 4, 6, 8, 17, 33)]
+    for n, t in flat_then_linear * 2:
+        model.add(n, t)
+    assert model.knee == 6
+    assert model.coef == pytest.approx((0.03, 0.001))
+    assert model.time(5) == pytest.approx(0.03) and model.time(16) == pytest.approx(0.04)
+    # the load changes (say a batch joins): the window forgets the old curve
+    for n, t in [(n, 0.06 + 0.002 * n) for n in (8, 9, 10, 12, 16, 20, 24, 32)] * 4:
+        model.add(n, t)
+    assert model.knee == 8
+    assert model.time(16) == pytest.approx(0.092)
+
+
+def test_cost_model_prices_a_step_that_has_drafts():
+    model = CostModel(min_samples=6, min_distinct=3, refit_every=1)
+    steps = [(4, False), (4, True), (6, True), (8, True), (4, False), (5, True), (4, False),
+             (12, True), (4, False)]
+    for n, drafted in steps:
+        model.add(n, 0.05 + 0.001 * n + 0.004 * drafted, 0, drafted)
+    assert model.draft_cost == pytest.approx(0.004, abs=1e-7)
+    assert model.time(4) == pytest.approx(0.054)
+    assert model.time(8, drafted=True) == pytest.approx(0.062)
 
 
 def test_cost_model_separates_the_cost_of_tree_requests():
-    model = CostModel(min_samples=6, min_distinct=3, freeze_after=100)
+    model = CostModel(min_samples=6, min_distinct=3, refit_every=1)
     for n, r in [(1, 0), (5, 0), (17, 0), (33, 0), (5, 1), (17, 1), (33, 2), (65, 1)]:
         model.add(n, 0.04 + 0.001 * n + 0.008 * r, r)
-    a, b = model.coef
-    assert (a, b, model.tree_cost) == pytest.approx((0.04, 0.001, 0.008), abs=1e-7)
+    assert model.tree_cost == pytest.approx(0.008, abs=1e-7)
+    assert model.time(33, 2) == pytest.approx(0.04 + 0.033 + 0.016)
     chains_only = CostModel(min_samples=4, min_distinct=3)
     for n in (1, 5, 17, 33):
         chains_only.add(n, 0.04 + 0.001 * n)
@@ -69,18 +101,21 @@ def test_selection_becomes_a_chain_when_the_tree_does_not_pay(tree_cost, expecte
         planner.cost.add(n, 0.04 + 0.001 * n + tree_cost * r, r)
     # node 3 is a sibling of node 1 (both under the root): a real tree
     tree = _tree([-1, 0, 1, -1], [0.9, 0.8, 0.5, 0.4])
-    (keep,) = planner._prefer_chains([tree], [np.array([0, 1, 2, 3])])
+    (keep,) = planner._prefer_chains([tree], [np.array([0, 1, 2, 3])], k_max=4)
     assert keep.tolist() == expected
 
 
-def test_best_root_path_and_chain_test():
-    from vllm_echo.algos.echo.planner import _best_root_path, _is_chain
+def test_root_paths_and_chain_test():
+    from vllm_echo.algos.echo.planner import _is_chain, _path_to, _root_paths
 
     parents = np.array([-1, 0, -1, 2, 3])
-    keep = np.arange(5)
-    # path 2 -> 3 -> 4 sums 0.5 + 0.4 + 0.3 = 1.2 > path 0 -> 1 = 0.6 + 0.5
-    assert _best_root_path(parents, keep, np.array([0.6, 0.5, 0.5, 0.4, 0.3])).tolist() == [2, 3, 4]
-    assert _is_chain(parents, np.array([2, 3, 4])) and not _is_chain(parents, keep)
+    tree = _tree(parents, [0.6, 0.5, 0.5, 0.4, 0.3])
+    ends, sums, lengths = _root_paths(tree, max_len=2)
+    # paths of at most 2 nodes: 0, 0->1, 2, 2->3; sums of p along them (p = product)
+    assert ends.tolist() == [0, 1, 2, 3] and lengths.tolist() == [1, 2, 1, 2]
+    assert sums == pytest.approx([0.6, 0.6 + 0.3, 0.5, 0.5 + 0.2])
+    assert _path_to(parents, 4).tolist() == [2, 3, 4]
+    assert _is_chain(parents, np.array([2, 3, 4])) and not _is_chain(parents, np.arange(5))
     assert not _is_chain(parents, np.array([0, 2]))
 
 

@@ -50,8 +50,8 @@ def test_method_becomes_custom_class_with_settings_in_additional_config(model_pa
     assert spec.num_speculative_tokens == 6
     ours = cfg.additional_config[ADDITIONAL_CONFIG_KEY]
     assert (ours["method"], ours["max_ngram"], ours["span"], ours["topk"]) == (method, 2, 10, 64)
-    # the CPU default tree size for logitspec comes from the measured cost curve
-    assert ours["capacity"] == (8 if method == "logitspec" else 64)
+    # the CPU default tree sizes come from the measured cost curve
+    assert ours["capacity"] == (8 if method == "logitspec" else 16)
 
 
 def test_user_additional_config_is_kept(model_path):

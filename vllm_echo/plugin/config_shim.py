@@ -23,6 +23,10 @@ logger = logging.getLogger("vllm.vllm_echo")
 # speed of no speculation, so plain LogitSpec trees default to the smallest there
 # (ECHO sizes its trees from the measured cost instead). GPUs keep the reference 64.
 CPU_LOGITSPEC_CAPACITY = 8
+# ECHO sizes its trees itself, but on the CPU it never verified more than ~8 tokens per
+# request at batch 1 (k_max 4-6 at the end of fp32 runs; 9 / 17 tokens cost 1.19 /
+# 1.44x a plain step), so a 64-node forest is drafting and planning work for nothing.
+CPU_ECHO_CAPACITY = 16
 
 
 def _on_cpu() -> bool:
@@ -59,8 +63,8 @@ def rewrite(spec: dict[str, Any], additional_config: dict[str, Any] | None,
     _check_passthrough(spec)
     vllm_spec = {k: spec[k] for k in VLLM_PASSTHROUGH_KEYS if k in spec}
     ours = {k: v for k, v in spec.items() if k not in VLLM_PASSTHROUGH_KEYS}
-    if method == "logitspec" and "capacity" not in ours and _on_cpu():
-        ours["capacity"] = CPU_LOGITSPEC_CAPACITY
+    if "capacity" not in ours and _on_cpu():
+        ours["capacity"] = CPU_LOGITSPEC_CAPACITY if method == "logitspec" else CPU_ECHO_CAPACITY
     settings = EchoSettings.from_dict(ours)
     _check_model(method, model_config)
     if settings.tree:

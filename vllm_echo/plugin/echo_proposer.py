@@ -3,7 +3,7 @@
 
 The batch-level work (scores, gate, budget, calibration) is in
 vllm_echo.algos.echo.planner; this adapter feeds it each request's candidate
-forest and the previous step's verdicts, and times forward passes for the
+forest and the previous step's verdicts, and times decode steps for the
 cost model that sets the budget.
 """
 
@@ -18,7 +18,7 @@ from vllm_echo.algos.echo.planner import Candidates, EchoPlanner, Plan
 from vllm_echo.algos.forest import build_forest_nodes
 from vllm_echo.plugin import tree_state
 from vllm_echo.plugin.proposer import LogitSpecProposer, StepDeadline
-from vllm_echo.plugin.runner_hooks import ForwardTimer
+from vllm_echo.plugin.runner_hooks import StepTimer
 
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
 
@@ -37,7 +37,7 @@ class EchoProposer(LogitSpecProposer):
         self._plans: dict[str, Plan] = {}
         self._reported_gate: Any = None
         self._reported_cost = False
-        self._timer = ForwardTimer(self.planner.cost.add)  # feeds the budget's cost model
+        self._timer = StepTimer(self.planner.cost.add)  # feeds the budget's cost model
         tree_state.RECORD_PATHS = True
 
     def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu):
@@ -126,13 +126,14 @@ class EchoProposer(LogitSpecProposer):
         if planner.gate is not self._reported_gate and planner.calibration_report:
             self._reported_gate = planner.gate
             logger.info("vllm-echo: %s", planner.calibration_report)
-        if planner.cost.coef is not None and not self._reported_cost and planner.cost.frozen:
+        if not self._reported_cost and planner.cost.fits == 1:
             self._reported_cost = True
             a, b = planner.cost.coef
             c = planner.cost.tree_cost
-            logger.info("vllm-echo: forward cost model T = %.4f s + %.6f s x tokens + %s s x "
-                        "tree requests; ECHO budget now follows it (last k_max=%d)", a, b,
-                        "unmeasured" if c is None else f"{c:.4f}", planner.last_k_max)
+            logger.info("vllm-echo: forward cost model T = %.4f s + %.6f s x tokens past %d "
+                        "+ %s s x tree requests (refitted as steps come); ECHO budget now "
+                        "follows it", a, b, planner.cost.knee,
+                        "unmeasured" if c is None else f"{c:.4f}")
         if self.stats.steps % _STATS_LOG_EVERY == 0:
             logger.info("vllm-echo: ECHO stats %s", self.echo_snapshot())
 
@@ -146,6 +147,7 @@ class EchoProposer(LogitSpecProposer):
             "taus": [round(t, 4) for t in gate.taus],
             "gate_source": gate.source,
             "cost_model": planner.cost.coef,
+            "cost_knee": planner.cost.knee,
             "tree_cost": planner.cost.tree_cost,
         }
 

@@ -99,7 +99,7 @@ class LogitSpecProposer:
         tree_state.RECORD_PATHS = False
         self.tree_enabled = self.settings.tree and tree_support.prepare(vllm_config)
         self._layout_checked = False
-        self._timer: Any = None  # runner_hooks.ForwardTimer, for proposers that cost steps
+        self._timer: Any = None  # runner_hooks.StepTimer, for proposers that cost steps
         self._publisher = publish_worker_stats(self, vllm_config)  # for the server's /metrics
         install_sampler_fixes()
 
@@ -112,8 +112,7 @@ class LogitSpecProposer:
         if self.tree_enabled or self._timer is not None:
             install_prepare_hook(self._runner, self._log_failure, self._timer)
         install_sample_hook(self._runner, self._last_logits, self._log_failure,
-                            compact=tree_support.compactor() if self.tree_enabled else None,
-                            timer=self._timer)
+                            compact=tree_support.compactor() if self.tree_enabled else None)
         self._warm_up()
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
@@ -127,6 +126,8 @@ class LogitSpecProposer:
             return [[] for _ in range(num_reqs)]
         finally:
             self._last_logits.release()  # the step's logits are not kept past drafting
+            if self._timer is not None:
+                self._timer.stopped()
 
     # -- internals -----------------------------------------------------------------
 

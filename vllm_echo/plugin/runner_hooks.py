@@ -89,23 +89,47 @@ class LastLogitsTopK:
         self._token_ids = top.indices.to(torch.int32).cpu().numpy()
 
 
-class ForwardTimer:
-    """Forward-pass time vs tokens and tree requests in the step: from the end of
-    ``_prepare_inputs`` to the start of ``_sample`` (model forward plus logits),
-    fed to ``sink(num_tokens, seconds, num_trees)``."""
+class StepTimer:
+    """Decode step time vs its size, for ECHO's cost model: a step's cycle, from the
+    end of its ``_prepare_inputs`` (``started``) to the end of the next step's
+    (``started`` or ``skip``). That is forward, sampling (the rejection sampler when
+    the step has drafts), drafting, and the engine's scheduling and output processing,
+    all of which the step's throughput pays for: at batch 24 on the CPU the part after
+    ``propose`` was about half of the step, and leaving it out doubled the price of a
+    draft token relative to the step. A cycle whose gap after ``propose`` is over
+    ``max_gap_ratio`` times the step's own work is dropped: the engine was idle (no
+    requests), not working. Fed to ``sink(num_tokens, seconds, num_trees, drafted)``.
+    """
 
-    def __init__(self, sink: Callable[[int, float, int], None]):
+    def __init__(self, sink: Callable[[int, float, int, bool], None],
+                 max_gap_ratio: float = 3.0):
         self.sink = sink
-        self._start: tuple[int, int, float] | None = None
+        self.max_gap_ratio = max_gap_ratio
+        self._start: tuple[int, int, bool, float] | None = None
+        self._stopped_at: float | None = None  # end of the started step's propose
 
-    def started(self, num_tokens: int, num_trees: int = 0) -> None:
-        self._start = (num_tokens, num_trees, time.perf_counter())
+    def started(self, num_tokens: int, num_trees: int = 0, drafted: bool = False) -> None:
+        now = time.perf_counter()
+        self._close(now)
+        self._start = (num_tokens, num_trees, drafted, now)
+
+    def skip(self) -> None:
+        """A step that is not timed (it prefills) ends the previous one's cycle."""
+        self._close(time.perf_counter())
+        self._start = None
 
     def stopped(self) -> None:
         if self._start is not None:
-            num_tokens, num_trees, t0 = self._start
-            self._start = None
-            self.sink(num_tokens, time.perf_counter() - t0, num_trees)
+            self._stopped_at = time.perf_counter()
+
+    def _close(self, now: float) -> None:
+        start, stopped_at = self._start, self._stopped_at
+        self._start = self._stopped_at = None
+        if start is None or stopped_at is None:
+            return
+        num_tokens, num_trees, drafted, t0 = start
+        if now - stopped_at <= self.max_gap_ratio * (stopped_at - t0):
+            self.sink(num_tokens, now - t0, num_trees, drafted)
 
 
 def _no_drafts_in_step(metadata: Any, input_batch: Any) -> bool:
@@ -118,8 +142,7 @@ def _no_drafts_in_step(metadata: Any, input_batch: Any) -> bool:
 
 def install_sample_hook(runner: Any, sink: LastLogitsTopK,
                         on_error: Callable[[str, BaseException], None],
-                        compact: Callable | None = None,
-                        timer: ForwardTimer | None = None) -> None:
+                        compact: Callable | None = None) -> None:
     """Wrap ``runner._sample`` (instance attribute): tree verdicts, then top-k capture.
 
     With ``compact`` (tree mode), the step's tree requests get their greedy tree
@@ -138,8 +161,6 @@ def install_sample_hook(runner: Any, sink: LastLogitsTopK,
     original = runner._sample
 
     def _sample(logits, spec_decode_metadata):
-        if timer is not None:
-            timer.stopped()
         sink.release()
         if spec_decode_metadata is not None and _no_drafts_in_step(spec_decode_metadata,
                                                                    runner.input_batch):

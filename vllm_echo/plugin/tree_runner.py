@@ -47,7 +47,7 @@ def tree_unsafe_reason(params: Any) -> str | None:
 
 def install_prepare_hook(runner: Any, on_error: Callable[[str, BaseException], None],
                          timer: Any = None) -> None:
-    """``timer`` (runner_hooks.ForwardTimer) starts timing the forward pass here."""
+    """``timer`` (runner_hooks.StepTimer) starts timing decode steps here."""
     if getattr(runner, "_vllm_echo_prepare_wrapped", False):
         return
     original = runner._prepare_inputs
@@ -63,9 +63,19 @@ def install_prepare_hook(runner: Any, on_error: Callable[[str, BaseException], N
                 _restore_positions(runner, num_scheduled_tokens)
                 on_error("tree step preparation", exc)
         if timer is not None:
-            step = tree_state.STEP
-            timer.started(int(scheduler_output.total_num_scheduled_tokens),
-                          len(step.trees) if step is not None else 0)
+            num_drafts = sum(map(len, scheduler_output.scheduled_spec_decode_tokens.values()))
+            total = scheduler_output.total_num_scheduled_tokens
+            # Only decode steps (each request runs its last token and its drafts) are
+            # timed: the model's N is what drafting adds to. Prefill steps (hundreds of
+            # tokens) would decide the fit and price a draft token by the prompt's: at
+            # batch 1 in fp32 a line through them priced one at ~3.8% of a step, while
+            # 4 drafts cost 1.07x a plain step (../shared/docs/baselines.md).
+            if total == len(scheduler_output.num_scheduled_tokens) + num_drafts:
+                step = tree_state.STEP
+                timer.started(int(total), len(step.trees) if step is not None else 0,
+                              num_drafts > 0)
+            else:
+                timer.skip()
         return result
 
     runner._prepare_inputs = _prepare_inputs

@@ -83,6 +83,21 @@ class CandidateTree:
         object.__setattr__(self, "trunc_depth", int(self.trunc_depth))
         object.__setattr__(self, "confident", bool(self.confident))
 
+    @classmethod
+    def trusted(cls, token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray,
+                depths: np.ndarray, trunc_depth: int, confident: bool) -> "CandidateTree":
+        """Construct without the checks, for arrays valid by construction (the
+        planner's, from the forest kernel): on a small tree the checks cost more
+        than scheduling it, every step, for every request."""
+        tree = object.__new__(cls)
+        for name, value in (("token_ids", token_ids),
+                            ("parents", parents.astype(np.int64, copy=False)),
+                            ("scores", scores.astype(np.float64, copy=False)),
+                            ("depths", depths.astype(np.int64, copy=False)),
+                            ("trunc_depth", int(trunc_depth)), ("confident", bool(confident))):
+            object.__setattr__(tree, name, value)
+        return tree
+
     @property
     def size(self) -> int:
         return int(self.parents.size)
@@ -259,22 +274,29 @@ def schedule_budget(trees: Sequence[CandidateTree], k_max: int,
                         np.concatenate([p.from_priority2 for p in parts]))
 
 
-def subtree(token_ids, parents, selected) -> tuple[np.ndarray, np.ndarray]:
+def subtree(token_ids, parents, selected, check: bool = True
+            ) -> tuple[np.ndarray, np.ndarray]:
     """Re-index an ancestor-closed node subset into a parent-first tree.
 
     ``selected`` holds distinct node indices (any order); the result keeps
     the original relative order, which is parent-first, and the input dtypes.
+    ``check=False`` skips validating the tree and the indices (for a selection
+    that schedule_budget made from a CandidateTree.trusted tree).
     """
-    validate_tree(token_ids, parents)
+    if check:
+        validate_tree(token_ids, parents)
     tokens = np.asarray(token_ids)
     par = np.asarray(parents)
     sel = np.asarray(selected, dtype=np.int64).ravel()
     n = par.size
-    if ((sel < 0) | (sel >= n)).any():
-        raise ValueError(f"selected indices must be in [0, {n})")
-    sel = np.sort(sel)
-    if sel.size > 1 and (np.diff(sel) == 0).any():
-        raise ValueError("selected indices must be distinct")
+    if check:
+        if ((sel < 0) | (sel >= n)).any():
+            raise ValueError(f"selected indices must be in [0, {n})")
+        sel = np.sort(sel)
+        if sel.size > 1 and (np.diff(sel) == 0).any():
+            raise ValueError("selected indices must be distinct")
+    else:
+        sel = np.sort(sel)
     new_index = np.full(n, -2, dtype=np.int64)
     new_index[sel] = np.arange(sel.size)
     old_par = par[sel].astype(np.int64)

@@ -162,3 +162,136 @@ def expected_tokens_per_second(path_scores_per_request: Sequence, num_tokens, st
         expected += 1.0 + float(np.exp(np.minimum(s, 0.0)).sum())
         verified += s.size + (1 if count_roots else 0)
     return expected / float(step_time_at(verified, num_tokens, step_times))
+
+
+class CostModel:
+    """Decode step time T vs verified tokens N, tree requests R and whether the step
+    has drafts at all (D), fitted online:
+    T = a + b max(0, N - knee) + c R + d D (Eq. 2's hinge, plus two fixed costs).
+
+    Why a hinge and not a line: on the 2-core CPU at batch 1, the first few extra
+    tokens cost little (4 drafts: 1.07x a plain step) and each one past that costs
+    about 3% of a step. The knee is the breakpoint with the least squared error
+    among the measured N; it needs samples past it.
+    ``c`` is what verifying a request as a tree rather than a chain adds (on CPU,
+    recomputing its rows' attention in every layer); ``d`` what a step pays as soon
+    as anything is drafted (vLLM's rejection sampler instead of the plain one, and
+    the drafting work). Each stays None until both of its cases were timed.
+
+    The hinge is the shape; the measured curve has bumps it cannot express, and they
+    are large at small N on this CPU: at batch 1 in fp32 a step verifying N = 1 / 2 /
+    4 / 6 / 7 tokens took 34.6 / 37.8 / 32.7 / 32.0 / 35.9 ms (oneDNN's kernels for 2
+    rows are slower than for 4). So every N keeps the mean residual of its own
+    samples, shrunk toward 0 by ``shrink`` pseudo-samples: T(N) = hinge + that
+    correction. A well-measured N is priced by its measurements, a rarely seen one
+    mostly by the hinge, minus an exploration bonus of ``explore`` residual standard
+    deviations / sqrt(1 + its samples): the planner only measures the sizes it
+    chooses, so without the bonus a size the hinge overprices (4 tokens, after 2
+    were slow) would never be tried, and never priced right.
+
+    Samples live in a sliding window and are refitted every ``refit_every`` new
+    ones: the knee is found as the planner explores larger N, and the model follows
+    a changing load.
+    """
+
+    def __init__(self, min_samples: int = 8, min_distinct: int = 3, window: int = 512,
+                 refit_every: int = 16, min_case_samples: int = 4, max_knots: int = 24,
+                 shrink: float = 4.0, explore: float = 2.0):
+        self.min_samples, self.min_distinct, self.shrink = min_samples, min_distinct, shrink
+        self.explore = explore
+        self.window, self.refit_every = window, refit_every
+        self.min_case_samples, self.max_knots = min_case_samples, max_knots
+        self._n: list[int] = []
+        self._r: list[int] = []
+        self._d: list[bool] = []
+        self._t: list[float] = []
+        self._since_fit = 0
+        self.coef: tuple[float, float] | None = None  # (a, b)
+        self.knee = 0
+        self.tree_cost: float | None = None  # c
+        self.draft_cost: float | None = None  # d
+        self._correction = np.zeros(1)  # per N (index), shrunk mean residual of the hinge
+        self._bonus = np.zeros(1)  # per N, exploration bonus (falls with its samples)
+        self._unseen_bonus = 0.0  # for N past the last measured one
+        self.fits = 0
+
+    @classmethod
+    def fixed(cls, a: float, b: float, knee: int = 0, tree_cost: float | None = None,
+              draft_cost: float | None = None) -> "CostModel":
+        """A model with given coefficients that never refits (tests, simulations)."""
+        model = cls(min_samples=1 << 62)
+        model.coef, model.knee = (float(a), float(b)), int(knee)
+        model.tree_cost, model.draft_cost = tree_cost, draft_cost
+        return model
+
+    def add(self, num_tokens: int, seconds: float, num_trees: int = 0,
+            drafted: bool = False) -> None:
+        if num_tokens <= 0 or not seconds > 0:
+            return
+        self._n.append(num_tokens)
+        self._r.append(num_trees)
+        self._d.append(bool(drafted))
+        self._t.append(seconds)
+        if len(self._n) > self.window:
+            del self._n[0], self._r[0], self._d[0], self._t[0]
+        self._since_fit += 1
+        if (len(self._n) >= self.min_samples and (self.coef is None
+                                                  or self._since_fit >= self.refit_every)
+                and len(set(self._n)) >= self.min_distinct):
+            self._fit()
+
+    def times(self, num_tokens: np.ndarray, num_trees: int = 0,
+              drafted: bool | np.ndarray = False) -> np.ndarray:
+        """Modelled step time for each entry of ``num_tokens`` (needs a fit)."""
+        a, b = self.coef
+        n = np.asarray(num_tokens, dtype=np.int64)
+        known = n < self._correction.size
+        index = np.minimum(n, self._correction.size - 1)
+        corr = np.where(known, self._correction[index] - self._bonus[index],
+                        -self._unseen_bonus)
+        return np.maximum(a + b * np.maximum(n - self.knee, 0.0) + corr
+                          + (self.tree_cost or 0.0) * num_trees
+                          + (self.draft_cost or 0.0) * np.asarray(drafted, dtype=np.float64),
+                          1e-6)
+
+    def time(self, num_tokens: int, num_trees: int = 0, drafted: bool = False) -> float:
+        return float(self.times(np.array([num_tokens]), num_trees, drafted)[0])
+
+    def _both_cases(self, values: np.ndarray) -> bool:
+        nonzero = np.count_nonzero(values)
+        return min(nonzero, values.size - nonzero) >= self.min_case_samples
+
+    def _fit(self) -> None:
+        self._since_fit = 0
+        n, r, d, t = (np.asarray(x, float) for x in (self._n, self._r, self._d, self._t))
+        extra = [col for col in (r, d) if self._both_cases(col)]
+        with_trees, with_drafts = self._both_cases(r), self._both_cases(d)
+        knots = np.unique(n)[:-1]  # a knot needs samples past it to price them
+        if knots.size > self.max_knots:
+            knots = np.unique(np.quantile(knots, np.linspace(0, 1, self.max_knots)).round())
+        best = None
+        for knee in knots:
+            x = np.maximum(n - knee, 0.0)
+            columns = np.stack([np.ones_like(n), x] + extra, axis=1)
+            coef, *_ = np.linalg.lstsq(columns, t, rcond=None)
+            # Noise can tilt the fit; time never falls with more work, nor is negative.
+            b, *fixed = np.maximum(coef[1:], 0.0)
+            c = fixed.pop(0) if with_trees else 0.0
+            dc = fixed.pop(0) if with_drafts else 0.0
+            a = max(float(np.median(t - b * x - c * r - dc * d)), 1e-6)
+            sse = float(np.sum((t - a - b * x - c * r - dc * d)**2))
+            if best is None or sse < best[0]:  # ties: the smaller knee (prices more)
+                best = (sse, int(knee), a, float(b), float(c), float(dc))
+        _, self.knee, a, b, c, dc = best
+        residual = t - a - b * np.maximum(n - self.knee, 0.0) - c * r - dc * d
+        size = int(n.max()) + 1
+        sums = np.bincount(n.astype(np.int64), weights=residual, minlength=size)
+        counts = np.bincount(n.astype(np.int64), minlength=size)
+        self._correction = sums / (counts + self.shrink)
+        spread = 1.4826 * float(np.median(np.abs(residual - np.median(residual))))  # robust sd
+        self._unseen_bonus = self.explore * spread
+        self._bonus = self._unseen_bonus / np.sqrt(1.0 + counts)
+        self.coef = (a, b)
+        self.tree_cost = c if with_trees else None
+        self.draft_cost = dc if with_drafts else None
+        self.fits += 1

@@ -14,16 +14,17 @@ premise: t is likely next-next when it was likely next). S = sum of node
 log-probs along the path, c_d = exp(max S at depth d).
 
 Budget. With ``k_max`` unset, the step's budget is chosen from the measured cost
-of a forward pass: T(N) ~ a + b N for N verified tokens, fitted on the first steps.
-Taking candidate nodes in descending S (acceptance probability p = exp(S)), the
-budget is the k that maximises expected tokens per second
-(B + sum of the first k p) / T(B + k). On hardware where verification is nearly
-free (a GPU at small batch, b << a) that admits most candidates; where every
-verified token costs compute (this CPU, or large batches) it admits only nodes
-likely enough to pay for themselves, down to none. Verifying a request as a tree
-rather than a chain has its own measured cost c (T = a + b N + c R for R tree
-requests); a selection whose side branches do not pay for it is cut to its best
-root path, which vLLM verifies natively.
+of a forward pass (vllm_echo.algos.echo.cost.CostModel: T(N) = a + b max(0, N - knee)
+for N verified tokens, fitted online). Taking candidate nodes in descending S
+(acceptance probability p = exp(S)), the budget is the k that maximises expected
+tokens per second (B + sum of the first k p) / T(B + k). On hardware where
+verification is nearly free (a GPU at small batch, or the first few tokens on this
+CPU) that admits most candidates; where every verified token costs compute (past
+the knee, or large batches) it admits only nodes likely enough to pay for
+themselves, down to none. Verifying a request as a tree rather than a chain has
+its own measured cost c (T + c R for R tree requests); a selection whose side
+branches do not pay for it is cut to its best root path, which vLLM verifies
+natively.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ import numpy as np
 
 from vllm_echo.algos.echo.budget import CandidateTree, schedule_budget, subtree
 from vllm_echo.algos.echo.calibration import Calibrator, GateConfig
+from vllm_echo.algos.echo.cost import CostModel
 from vllm_echo.algos.echo.gate import truncation_depth
-from vllm_echo.algos.echo.scores import AcceptancePrior, depth_confidence, path_scores
+from vllm_echo.algos.echo.scores import (AcceptancePrior, depth_confidence,
+                                         exclusive_sibling_logp_unchecked, path_scores)
 from vllm_echo.algos.echo.stats import EchoStepStats
 from vllm_echo.algos.tree import tree_depths
 
@@ -49,6 +52,8 @@ MAX_DEPTH = 32
 FOREST_DEFAULT_GATE = GateConfig(sweet_spots=(1, 3, 6), taus=(0.05, 0.05, 0.05),
                                  source="default")
 _LOGP_FLOOR = -30.0
+_MAX_DRAFTS_PER_REQUEST = 64  # how far nothing_can_pay looks for a paying draft size
+_WARMUP_FACTORS = (1, 2, 4, 8)  # warm-up budgets, in half-nodes per request
 # Buckets of a head's last-logit probability (bucket b+1 holds p >= edge b).
 _HEAD_P_EDGES = np.array([0.3, 0.1, 0.03, 0.01, 0.003])
 
@@ -83,54 +88,13 @@ class Plan:
     truncated_at: int
 
 
-class CostModel:
-    """Least-squares fit of forward time vs verified tokens N and tree requests R,
-    T = a + b N + c R, frozen once enough distinct sizes were seen (then re-fitting
-    would only chase noise). ``c`` is what verifying a request as a tree rather
-    than a chain adds (on CPU, recomputing its rows' attention in every layer);
-    it stays None until trees were timed."""
-
-    def __init__(self, min_samples: int = 8, min_distinct: int = 3, freeze_after: int = 256,
-                 min_tree_samples: int = 4):
-        self.min_samples, self.min_distinct, self.freeze_after = (
-            min_samples, min_distinct, freeze_after)
-        self.min_tree_samples = min_tree_samples
-        self._n: list[int] = []
-        self._r: list[int] = []
-        self._t: list[float] = []
-        self.coef: tuple[float, float] | None = None  # (a, b)
-        self.tree_cost: float | None = None  # c
-        self.frozen = False
-
-    def add(self, num_tokens: int, seconds: float, num_trees: int = 0) -> None:
-        if self.frozen or num_tokens <= 0 or not seconds > 0:
-            return
-        self._n.append(num_tokens)
-        self._r.append(num_trees)
-        self._t.append(seconds)
-        if len(self._n) >= self.min_samples and len(set(self._n)) >= self.min_distinct:
-            self._fit()
-            self.frozen = len(self._n) >= self.freeze_after
-
-    def _fit(self) -> None:
-        n, r, t = (np.asarray(x, float) for x in (self._n, self._r, self._t))
-        with_trees = np.count_nonzero(r) >= self.min_tree_samples and np.ptp(r) > 0
-        columns = [np.ones_like(n), n] + ([r] if with_trees else [])
-        coef = np.linalg.lstsq(np.stack(columns, axis=1), t, rcond=None)[0]
-        # Noise can tilt the fit; time never falls with more tokens, nor is negative.
-        b = max(float(coef[1]), 0.0)
-        c = max(float(coef[2]), 0.0) if with_trees else 0.0
-        a = max(float(np.median(t - b * n - c * r)), 1e-6)
-        self.coef = (a, b)
-        self.tree_cost = c if with_trees else None
-
-
-def throughput_budget(probs: np.ndarray, num_requests: int, a: float, b: float) -> int:
-    """k maximising (B + sum of the k best p) / (a + b (B + k)); probs sorted descending."""
+def throughput_budget(probs: np.ndarray, num_requests: int, cost: CostModel) -> int:
+    """k maximising (B + sum of the k best p) / T(B + k); probs sorted descending."""
     if probs.size == 0:
         return 0
     gains = num_requests + np.concatenate([[0.0], np.cumsum(probs)])
-    times = a + b * (num_requests + np.arange(probs.size + 1))
+    ks = np.arange(probs.size + 1)
+    times = cost.times(num_requests + ks, drafted=ks > 0)
     return int(np.argmax(gains / times))
 
 
@@ -155,6 +119,9 @@ class EchoPlanner:
         self.gate = FOREST_DEFAULT_GATE
         self.calibration_report: str | None = None
         self.last_k_max = 0
+        self._warmup_steps = 0
+        self._unpriced_tree_steps = 0
+        self._break_even: tuple[Any, float] = (None, 0.0)  # ((cost fit, B), probability)
 
     # -- planning ----------------------------------------------------------------------
 
@@ -183,21 +150,26 @@ class EchoPlanner:
                 buckets[heads] = head_bucket(cand.head_logp[cand.rank[heads]])
                 logp[heads] = self.head_prior.log_prob(np.ones(int(heads.sum()), np.int64),
                                                        buckets[heads])
-            logp = np.clip(logp, _LOGP_FLOOR, 0.0)
+            logp = exclusive_sibling_logp_unchecked(cand.parents.astype(np.int64, copy=False),
+                                                    np.clip(logp, _LOGP_FLOOR, 0.0))
             scores = path_scores(cand.parents, logp)
             decision = truncation_depth(scores, depths, self.gate, mode=mode,
                                         fixed_tau=self.settings.fixed_tau_value or 0.2)
-            trees.append(CandidateTree(cand.token_ids, cand.parents, scores, depths,
-                                       decision.trunc_depth, not decision.truncated))
+            trees.append(CandidateTree.trusted(cand.token_ids, cand.parents, scores, depths,
+                                               decision.trunc_depth, not decision.truncated))
             scored.append((cand, depths, retrieved, buckets, scores, decision))
         k_max = self._k_max(trees, per_request_cap)
-        if k_max == 0 and explore > 0:
+        probing = k_max == 0 and explore > 0
+        if probing:
             k_max, per_request_cap = min(explore, len(trees)), 1
         self.last_k_max = k_max
         result = schedule_budget(trees, k_max, per_request_cap=per_request_cap,
                                  shared_budget=self.settings.shared_budget)
         drafts, plans = [], []
-        selected = iter(self._prefer_chains(trees, list(result.selected)))
+        selected = list(result.selected)
+        if not probing:  # a probe is verified as chosen: it is there to learn
+            selected = self._prefer_chains(trees, selected, k_max)
+        selected = iter(selected)
         for item in scored:
             if item is None:
                 drafts.append((np.empty(0, np.int32), np.empty(0, np.int32)))
@@ -205,7 +177,7 @@ class EchoPlanner:
                 continue
             cand, depths, retrieved, buckets, scores, decision = item
             keep = np.asarray(next(selected), dtype=np.int64)
-            tokens, parents = subtree(cand.token_ids, cand.parents, keep)
+            tokens, parents = subtree(cand.token_ids, cand.parents, keep, check=False)
             drafts.append((tokens.astype(np.int32), parents.astype(np.int32)))
             plans.append(Plan(tokens, parents, depths[keep], cand.match_len[keep],
                               retrieved[keep], buckets[keep],
@@ -216,50 +188,84 @@ class EchoPlanner:
     def _k_max(self, trees: list[CandidateTree], per_request_cap: int) -> int:
         if self.settings.k_max is not None:
             return self.settings.k_max
-        if self.cost.coef is None:  # warm-up (a few steps): one node per request
-            return len(trees)
+        if self.cost.coef is None:
+            # Warm-up (until the cost model has its first fit, ~8 steps): budgets of
+            # B/2, B, 2B and 4B nodes in turn (at least 2, 4, 8, 16), so that the fit
+            # sees distinct step sizes, on both sides of the knee at batch 1.
+            factor = _WARMUP_FACTORS[self._warmup_steps % len(_WARMUP_FACTORS)]
+            self._warmup_steps += 1
+            return max(2 * factor, -(-len(trees) * factor // 2))  # ceil(B * factor / 2)
         eligible = [np.exp(t.scores[t.depths <= t.trunc_depth]) for t in trees]
         probs = np.sort(np.concatenate(eligible) if eligible else np.empty(0))[::-1]
         probs = probs[:per_request_cap * len(trees)]
-        return throughput_budget(probs, len(trees), *self.cost.coef)
+        return throughput_budget(probs, len(trees), self.cost)
 
-    def _prefer_chains(self, trees: list[CandidateTree], selected: list[np.ndarray]
-                       ) -> list[np.ndarray]:
-        """Cut a request's selection to its best root path when the tree's extra
-        expected tokens do not pay for its extra cost (c, plus b per extra node) at
-        the step's expected rate of tokens per second. Chains verify natively."""
-        c = self.cost.tree_cost
-        if c is None or self.cost.coef is None or self.settings.k_max is not None:
-            return selected  # before trees were timed (or with a fixed budget): as chosen
-        a, b = self.cost.coef
+    def _prefer_chains(self, trees: list[CandidateTree], selected: list[np.ndarray],
+                       k_max: int) -> list[np.ndarray]:
+        """Per request, keep its selection or replace it by one root path, whichever
+        adds more expected tokens net of its price in step time (at the step's
+        expected tokens per second). The path may be longer or shorter than the
+        selection's own best path: a chain verifies natively, without the tree cost
+        c, and the measured step time is not monotone in N (on this CPU 4 tokens
+        cost less than 2), so the best chain length comes from the cost curve.
+        Σ K_i <= k_max still holds (and each request's fixed share without a shared
+        budget)."""
+        if self.cost.coef is None or self.settings.k_max is not None:
+            return selected  # warm-up, or a fixed budget: as chosen
+        if self.cost.tree_cost is None:
+            # Trees not yet priced: every other step verifies chains only, so that the
+            # cost model sees steps with and without trees (else it never learns c).
+            self._unpriced_tree_steps += 1
+            if self._unpriced_tree_steps % 2:
+                return selected
+        cost = self.cost
         probs = [np.exp(t.scores[s]) for t, s in zip(trees, selected)]
         is_tree = [not _is_chain(t.parents, s) for t, s in zip(trees, selected)]
         num_tokens = sum(len(s) for s in selected) + len(trees)
-        rate = (len(trees) + sum(p.sum() for p in probs)) / (
-            a + b * num_tokens + c * sum(is_tree))
+        num_trees = sum(is_tree)
+        rate = (len(trees) + sum(p.sum() for p in probs)) / cost.time(num_tokens, num_trees,
+                                                                       drafted=True)
+        spare = k_max - (num_tokens - len(trees))  # budget the selection left unused
+        share = k_max // max(len(trees), 1)
         out = []
         for tree, keep, p, branched in zip(trees, selected, probs, is_tree):
-            if branched:
-                chain = _best_root_path(tree.parents, keep, p)
-                gain = p.sum() - np.exp(tree.scores[chain]).sum()
-                if gain < rate * (b * (len(keep) - len(chain)) + c):
-                    keep = chain
+            rest_tokens, rest_trees = num_tokens - len(keep), num_trees - branched
+            limit = len(keep) + spare if self.settings.shared_budget else share
+            ends, path_sums, lengths = _root_paths(tree, limit)
+            # Option "no draft" (length 0) and every allowed root path.
+            lengths = np.concatenate([[0], lengths])
+            values = (np.concatenate([[0.0], path_sums])
+                      - rate * cost.times(rest_tokens + lengths, rest_trees, drafted=True))
+            best = int(np.argmax(values))
+            if branched and self.cost.tree_cost is not None and (
+                    p.sum() - rate * cost.time(rest_tokens + len(keep), rest_trees + 1,
+                                               drafted=True)) >= values[best]:
+                out.append(keep)
+                continue
+            spare += len(keep) - lengths[best]
+            keep = _path_to(tree.parents, int(ends[best - 1])) if best else keep[:0]
+            num_tokens, num_trees = rest_tokens + len(keep), rest_trees
             out.append(keep)
         return out
 
     def nothing_can_pay(self, num_requests: int) -> bool:
         """True when, by the cost model, no candidate could be worth verifying this step:
         even the best learned acceptance rate is below the break-even probability
-        b·B / (a + b·B). Then the step needs no forests at all (saves the drafting
+        of every draft size. Then the step needs no forests at all (saves the drafting
         work at high load); callers still plan now and then to keep learning."""
         if self.settings.k_max is not None or self.cost.coef is None or num_requests == 0:
             return False
-        a, b = self.cost.coef
-        break_even = b * num_requests / (a + b * num_requests)
         # Every draft tree starts at depth 1 and S only falls along a path, so the best
-        # depth-1 rate bounds every node's acceptance probability.
+        # depth-1 rate p bounds every node's acceptance probability, and k drafts add
+        # at most k p tokens. They pay if (B + k p) / T(B + k) > B / T(B) for some k.
         best = max(self.prior.prob_table()[0].max(), self.head_prior.prob_table()[0].max())
-        return best < break_even
+        key = (self.cost.fits, num_requests)
+        if self._break_even[0] != key:  # changes only when the model is refitted
+            plain = self.cost.time(num_requests)
+            ks = np.arange(1, _MAX_DRAFTS_PER_REQUEST * num_requests + 1)
+            extra = self.cost.times(num_requests + ks, drafted=True) / plain - 1.0
+            self._break_even = (key, float(np.min(num_requests * extra / ks)))
+        return best < self._break_even[1]
 
     # -- feedback ----------------------------------------------------------------------
 
@@ -294,16 +300,23 @@ def _is_chain(parents: np.ndarray, keep: np.ndarray) -> bool:
     return bool(par[0] == -1 and np.array_equal(par[1:], keep[:-1])) if len(keep) else True
 
 
-def _best_root_path(parents: np.ndarray, keep: np.ndarray, probs: np.ndarray) -> np.ndarray:
-    """The root path inside the selection with the largest sum of acceptance probabilities."""
-    total = dict(zip(keep.tolist(), probs.tolist()))
-    best: dict[int, float] = {}
-    for node in keep.tolist():  # parent-first order: a parent's sum is known first
-        parent = int(parents[node])
-        best[node] = total[node] + (best[parent] if parent >= 0 else 0.0)
-    node = max(best, key=best.get)
+def _root_paths(tree: CandidateTree, max_len: int
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every root path a request may verify: (end node, sum of the acceptance
+    probabilities along it, length), for paths of at most ``max_len`` nodes within
+    the gate's truncation depth."""
+    p = np.exp(tree.scores)
+    sums = p.copy()
+    for j, parent in enumerate(tree.parents.tolist()):  # parent-first order
+        if parent >= 0:
+            sums[j] += sums[parent]
+    allowed = np.flatnonzero(tree.depths <= min(tree.trunc_depth, max_len))
+    return allowed, sums[allowed], tree.depths[allowed]
+
+
+def _path_to(parents: np.ndarray, node: int) -> np.ndarray:
     path = []
     while node >= 0:
         path.append(node)
         node = int(parents[node])
-    return np.asarray(path[::-1], dtype=keep.dtype)
+    return np.asarray(path[::-1], dtype=np.int64)

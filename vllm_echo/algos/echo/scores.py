@@ -80,6 +80,7 @@ class AcceptancePrior:
         # Float counts so that decay can scale them.
         self._accepted = np.zeros((self.max_depth, self.max_ngram))
         self._total = np.zeros((self.max_depth, self.max_ngram))
+        self._table: np.ndarray | None = None  # prob_table, until the next update
 
     @property
     def num_observations(self) -> float:
@@ -99,11 +100,16 @@ class AcceptancePrior:
         return np.minimum(d, self.max_depth) - 1, m - 1
 
     def prob_table(self) -> np.ndarray:
-        """Smoothed acceptance probabilities, shape ``(max_depth, max_ngram)``."""
-        s = self.prior_strength
-        depth_rate = ((self._accepted.sum(axis=1) + s * self.prior_mean)
-                      / (self._total.sum(axis=1) + s))
-        return (self._accepted + s * depth_rate[:, None]) / (self._total + s)
+        """Smoothed acceptance probabilities, shape ``(max_depth, max_ngram)``.
+
+        Read-only: cached until the next update (it is read several times a step)."""
+        if self._table is None:
+            s = self.prior_strength
+            depth_rate = ((self._accepted.sum(axis=1) + s * self.prior_mean)
+                          / (self._total.sum(axis=1) + s))
+            self._table = (self._accepted + s * depth_rate[:, None]) / (self._total + s)
+            self._table.flags.writeable = False
+        return self._table
 
     def prob(self, depth: ArrayLike, match_len: ArrayLike) -> np.ndarray:
         """Smoothed acceptance probability per (depth, match length); broadcasts."""
@@ -124,6 +130,7 @@ class AcceptancePrior:
         if acc.shape != d.shape:
             raise ValueError(f"accepted_mask has shape {acc.shape}, "
                              f"expected {d.shape}")
+        self._table = None
         if self.decay < 1.0:
             self._accepted *= self.decay
             self._total *= self.decay
@@ -192,6 +199,42 @@ class AcceptancePrior:
         if chance.any():
             self.update(dep[chance], mlen[chance], accepted[chance])
         return int(chance.sum())
+
+
+def exclusive_sibling_logp(parents: ArrayLike, node_logp: ArrayLike) -> np.ndarray:
+    """Node log-probs once siblings are counted as exclusive.
+
+    ``node_logp`` holds each node's acceptance log-probability given its parent was
+    accepted, estimated one node at a time (by depth and match length). Siblings
+    carry distinct tokens, so at most one of them is accepted: taken in descending
+    probability, sibling j is worth p_j times the chance that every better sibling
+    was rejected, prod (1 - p_k). Without this, three retrieved continuations of one
+    m-gram at p = 0.7 each promise 2.1 tokens where at most one can come, and the
+    budget buys side branches (and tree verification) that do not pay.
+    """
+    par = validate_parents(parents)
+    logp = np.asarray(node_logp, dtype=np.float64)
+    if logp.shape != par.shape:
+        raise ValueError(f"node_logp has shape {logp.shape}, expected {par.shape}")
+    return exclusive_sibling_logp_unchecked(par, logp)
+
+
+def exclusive_sibling_logp_unchecked(par: np.ndarray, logp: np.ndarray) -> np.ndarray:
+    """:func:`exclusive_sibling_logp` for int64 ``par`` and float64 ``logp`` already
+    checked (the planner's, every step)."""
+    n = par.size
+    if n < 2:
+        return logp.copy()
+    p = np.exp(np.minimum(logp, 0.0))
+    order = np.lexsort((-p, par))  # grouped by parent, best first within a group
+    log_miss = np.log1p(-np.minimum(p[order], 1.0 - 1e-12))
+    before = np.cumsum(log_miss) - log_miss  # sum over everything earlier in ``order``
+    group = par[order]
+    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    first = np.repeat(starts, np.diff(np.r_[starts, n]))
+    out = logp.copy()
+    out[order] += before - before[first]  # only the better siblings' misses
+    return out
 
 
 def path_scores(parents: ArrayLike, node_logp: ArrayLike) -> np.ndarray:
