@@ -6,8 +6,8 @@
     python benchmarks/simulate.py --smoke            # CI
 
 Recording runs the embedded model greedily (no speculation) and stores per prompt the
-prompt ids, the output ids and, per output position, the top-64 token ids of the
-logits that produced that token (vLLM logprobs in the default raw_logprobs mode:
+prompt ids, the output ids and, per output position, the top-64 token ids (and their
+log-probabilities) of the logits that produced that token (vLLM logprobs in the default raw_logprobs mode:
 log_softmax of the raw logits, so the top-k order is the raw logits' order).
 
 Replay: at each step the context is prompt + accepted output so far and its last
@@ -316,12 +316,21 @@ def echo_replay(rows: list[dict], overrides: dict | None = None, tree_cost: floa
             "draft_cost": planner.cost.draft_cost, "tree_steps": tree_steps}
 
 
+ECHO_VARIANTS = {"echo (batch 1, capacity 16)": {"capacity": 16},
+                 "echo chain mode (batch 1)": {"tree": False}}
+
+
 def simulate(rows: list[dict]) -> dict[str, Any]:
     out = {}
     for name, draft in methods().items():
         start = time.perf_counter()
         out[name] = replay(rows, draft)
         out[name]["replay_s"] = time.perf_counter() - start
+    if all("topk_logprobs" in row for row in rows):  # traces recorded before had none
+        for name, overrides in ECHO_VARIANTS.items():
+            start = time.perf_counter()
+            out[name] = echo_replay(rows, overrides)
+            out[name]["replay_s"] = time.perf_counter() - start
     return out
 
 
@@ -369,8 +378,9 @@ def main(argv: list[str] | None = None) -> int:
               "replayed_prompts": len(rows), "replay_s": time.perf_counter() - start,
               "methods": results}
     table = bench_common.markdown_table(
-        ["method", "tokens/step", "drafted/step"],
-        [[name, r["tokens_per_step"], r["drafted_per_step"]] for name, r in results.items()])
+        ["method", "tokens/step", "drafted/step", "modeled speed-up (batch 1 CPU cost)"],
+        [[name, r["tokens_per_step"], r["drafted_per_step"], r["modeled_speedup"]]
+         for name, r in results.items()])
     print(f"{len(rows)} prompts, {sum(len(r['output_ids']) for r in rows)} output tokens, "
           f"replayed in {report['replay_s']:.1f} s\n\n{table}")
     if args.json:

@@ -69,9 +69,12 @@ def test_simulate_smoke(tmp_path: Path) -> None:
     assert report["replayed_prompts"] == 2
     results = report["methods"]
     assert results["none"]["tokens_per_step"] == pytest.approx(1.0)
+    assert results["none"]["modeled_speedup"] == pytest.approx(1.0)
+    assert {"echo (batch 1, capacity 16)", "echo chain mode (batch 1)"} <= results.keys()
     for name, row in results.items():
-        assert {"tokens_per_step", "drafted_per_step", "steps", "tokens"} <= row.keys(), name
-        assert row["tokens_per_step"] >= 1.0
+        assert {"tokens_per_step", "drafted_per_step", "steps", "tokens",
+                "modeled_speedup"} <= row.keys(), name
+        assert row["tokens_per_step"] >= 1.0 and row["modeled_speedup"] > 0
 
 
 def test_online_smoke(tmp_path: Path) -> None:

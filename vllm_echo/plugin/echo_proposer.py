@@ -130,9 +130,9 @@ class EchoProposer(LogitSpecProposer):
             self._reported_cost = True
             a, b = planner.cost.coef
             c = planner.cost.tree_cost
-            logger.info("vllm-echo: forward cost model T = %.4f s + %.6f s x tokens past %d "
-                        "+ %s s x tree requests (refitted as steps come); ECHO budget now "
-                        "follows it", a, b, planner.cost.knee,
+            logger.info("vllm-echo: decode step cost model T = %.4f s + %.6f s x tokens past "
+                        "%d + %s s x tree requests, plus per-size corrections (refitted as "
+                        "steps come); ECHO budget now follows it", a, b, planner.cost.knee,
                         "unmeasured" if c is None else f"{c:.4f}")
         if self.stats.steps % _STATS_LOG_EVERY == 0:
             logger.info("vllm-echo: ECHO stats %s", self.echo_snapshot())

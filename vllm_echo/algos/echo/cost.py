@@ -21,6 +21,9 @@ Both are always computed for logging; ``method="min"`` takes the smaller.
 K is in whatever unit ``num_tokens`` uses (verified tokens per forward, roots
 included if they were when measuring); the scheduler's ``k_max`` excludes
 the batch's roots, so subtract them when converting.
+
+:class:`CostModel` is what the ECHO planner runs on: the same hinge, fitted online
+to every decode step, with per-size corrections (see there).
 """
 
 from __future__ import annotations

@@ -13,18 +13,18 @@ bucket of p(t) under the softmax of the target's last logits (LogitSpec's
 premise: t is likely next-next when it was likely next). S = sum of node
 log-probs along the path, c_d = exp(max S at depth d).
 
-Budget. With ``k_max`` unset, the step's budget is chosen from the measured cost
-of a forward pass (vllm_echo.algos.echo.cost.CostModel: T(N) = a + b max(0, N - knee)
-for N verified tokens, fitted online). Taking candidate nodes in descending S
-(acceptance probability p = exp(S)), the budget is the k that maximises expected
-tokens per second (B + sum of the first k p) / T(B + k). On hardware where
-verification is nearly free (a GPU at small batch, or the first few tokens on this
-CPU) that admits most candidates; where every verified token costs compute (past
-the knee, or large batches) it admits only nodes likely enough to pay for
-themselves, down to none. Verifying a request as a tree rather than a chain has
-its own measured cost c (T + c R for R tree requests); a selection whose side
-branches do not pay for it is cut to its best root path, which vLLM verifies
-natively.
+Budget. With ``k_max`` unset, the step's budget is chosen from the measured time
+of a decode step (vllm_echo.algos.echo.cost.CostModel: T(N) = a + b max(0, N - knee)
+for N verified tokens, plus per-size corrections, fitted online). Taking candidate
+nodes in descending S (acceptance probability p = exp(S)), the budget is the k that
+maximises expected tokens per second (B + sum of the first k p) / T(B + k). On
+hardware where verification is nearly free (a GPU at small batch, or the first few
+tokens on this CPU) that admits most candidates; where every verified token costs
+compute (past the knee, or large batches) it admits only nodes likely enough to pay
+for themselves, down to none. Verifying a request as a tree rather than a chain has
+its own measured cost c (T + c R for R tree requests); each request keeps its
+selection only if it pays better than its best root path of any length within the
+budget, which vLLM verifies natively.
 """
 
 from __future__ import annotations
