@@ -53,7 +53,10 @@ class EchoProposer(LogitSpecProposer):
             for req_id in req_ids[:len(sampled_token_ids)]:
                 tree_state.TREES.pop(req_id, None)
             return [[] for _ in sampled_token_ids]
-        top_ids = self._last_logits.rows_for(req_ids)
+        # Next-next heads need the top-k of every request's last logits (a top-k and a
+        # log-sum-exp over the vocabulary per request); skipped when no head can pay.
+        heads = self.planner.heads_can_pay(live)
+        top_ids = self._last_logits.rows_for(req_ids) if heads else None
         top_logp = self._last_logits.logprobs if top_ids is not None else None
         self.stats.steps += 1
         candidates: list[Candidates | None] = []

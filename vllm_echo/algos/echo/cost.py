@@ -199,7 +199,7 @@ class CostModel:
 
     def __init__(self, min_samples: int = 8, min_distinct: int = 3, window: int = 512,
                  refit_every: int = 16, min_case_samples: int = 4, max_knots: int = 24,
-                 shrink: float = 4.0, explore: float = 2.0):
+                 shrink: float = 4.0, explore: float = 1.0):
         self.min_samples, self.min_distinct, self.shrink = min_samples, min_distinct, shrink
         self.explore = explore
         self.window, self.refit_every = window, refit_every
