@@ -162,6 +162,7 @@ class Replay:
         self.full = np.asarray(row["prompt_ids"] + row["output_ids"], dtype=np.int32)
         self.n_out = len(row["output_ids"])
         self.topk = [np.asarray(t, dtype=np.int32) for t in row["topk_ids"]]
+        self.topk_logp = row.get("topk_logprobs")  # traces recorded before had none
         self.index = NgramIndex(max_ngram, span, capacity_hint=len(self.full) + 64)
 
     def index_at(self, pos: int):
@@ -218,7 +219,10 @@ def replay(rows: list[dict], draft: Callable | None, tree_cost: float = 0.25
             path, _ = verify_greedy(cand, par, state.target_argmax(pos, cand, par))
             emitted = min(len(path) + 1, n - 1 - pos)
             is_tree = len(par) > 0 and not np.array_equal(par, np.arange(-1, len(par) - 1))
-            seconds += step_cost(1 + len(cand)) + (tree_cost if is_tree else 0.0)
+            cost = step_cost(1 + len(cand)) + (tree_cost if is_tree else 0.0)
+            if hasattr(draft, "verdict"):  # a drafter that learns (ECHO)
+                draft.verdict(state, pos, path, emitted, cost, len(cand), is_tree)
+            seconds += cost
             pos += emitted
             steps += 1
             decode_steps += 1
@@ -247,73 +251,68 @@ def step_cost(num_tokens: int, curve=CPU_B1_COST) -> float:
     return ts[-1] + (num_tokens - ks[-1]) * (ts[-1] - ts[-2]) / (ks[-1] - ks[-2])
 
 
-def echo_replay(rows: list[dict], overrides: dict | None = None, tree_cost: float = 0.25,
-                probe_every: int = 16, probe_nodes: int = 4) -> dict[str, Any]:
-    """ECHO at batch 1: the planner sees each step's forest and learns from its verdicts.
+class EchoDrafter:
+    """ECHO at batch 1 as a replay drafter: the planner sees each step's forest and
+    learns from each verdict. The engine's timings are replaced by ``step_cost`` (plus
+    the tree cost for a step verified as a tree), fed to the planner's cost model as
+    the plugin feeds measured ones. ``stats()``: its own planning time per step and
+    what it learned."""
 
-    The engine's timings are replaced by ``step_cost`` (plus ``tree_cost`` for a step
-    verified as a tree), fed to the planner's cost model as the plugin feeds measured
-    ones, prefills included. ``modeled_speedup``: tokens per modeled second against
-    no speculation; ``plan_ms_per_step``: the planner's own time per decode step.
-    """
-    from vllm_echo.algos.echo.planner import Candidates, EchoPlanner
-    from vllm_echo.algos.forest import build_forest_nodes
-    from vllm_echo.algos.verify import verify_greedy
-    from vllm_echo.config import EchoSettings
+    def __init__(self, overrides: dict | None = None, probe_every: int = 16,
+                 probe_nodes: int = 4):
+        from vllm_echo.algos.echo.planner import EchoPlanner
+        from vllm_echo.config import EchoSettings
 
-    settings = EchoSettings.from_dict({"method": "echo", "num_speculative_tokens": 63,
-                                       **(overrides or {})})
-    cap = settings.max_drafts
-    planner = EchoPlanner(settings)
-    steps = tokens = drafted = decode_steps = tree_steps = 0
-    seconds = seconds_none = plan_s = 0.0
-    for row in rows:
-        if "topk_logprobs" not in row:
+        self.settings = EchoSettings.from_dict({"method": "echo", "num_speculative_tokens": 63,
+                                                **(overrides or {})})
+        self.cap = self.settings.max_drafts
+        self.planner = EchoPlanner(self.settings)
+        self.probe_every, self.probe_nodes = probe_every, probe_nodes
+        self.steps = self.tree_steps = 0
+        self.plan_s = 0.0
+        self._plan = None
+
+    def __call__(self, state: "Replay", pos: int):
+        from vllm_echo.algos.echo.planner import Candidates
+        from vllm_echo.algos.forest import build_forest_nodes
+
+        if state.topk_logp is None:
             raise ValueError("the trace has no topk_logprobs; record it again (--record)")
-        state = Replay(row)
-        n = state.n_out
-        if n == 0:
-            continue
-        seconds_none += (n - 1) * step_cost(1)
-        steps += 1
-        pos = 0
-        while pos < n - 1:
-            start = time.perf_counter()
-            if planner.nothing_can_pay(1) and decode_steps % probe_every:
-                cand = par = np.empty(0, np.int32)
-                plan = None
-            else:
-                top = state.topk[pos]
-                nodes = build_forest_nodes(state.index_at(pos), top, min(settings.capacity,
-                                           cap + 1), max_chains=(1 << 30) if settings.tree else 1)
-                logp = np.asarray(row["topk_logprobs"][pos], dtype=np.float64)
-                (cand, par), plan = (x[0] for x in planner.plan(
-                    [Candidates(*nodes, head_logp=logp)], cap,
-                    explore=probe_nodes if planner.nothing_can_pay(1) else 0))
-            plan_s += time.perf_counter() - start
-            path, _ = verify_greedy(cand, par, state.target_argmax(pos, cand, par))
-            emitted = min(len(path) + 1, n - 1 - pos)
-            if plan is not None and len(path) + 1 == emitted:
-                next_token = int(state.full[state.prompt_len + pos + emitted])
-                planner.observe([(plan, path, next_token)])
-            is_tree = len(par) > 0 and not np.array_equal(par, np.arange(-1, len(par) - 1))
-            cost = step_cost(1 + len(cand)) + (tree_cost if is_tree else 0.0)
-            tree_steps += is_tree
-            planner.cost.add(1 + len(cand), cost, int(is_tree), len(cand) > 0)
-            seconds += cost
-            pos += emitted
-            steps += 1
-            decode_steps += 1
-            drafted += len(cand)
-        tokens += n
-    return {"tokens": tokens, "steps": steps,
-            "tokens_per_step": tokens / steps if steps else None,
-            "drafted_per_step": drafted / decode_steps if decode_steps else None,
-            "modeled_speedup": seconds_none / seconds if seconds else None,
-            "plan_ms_per_step": 1e3 * plan_s / decode_steps if decode_steps else None,
-            "k_max_last": planner.last_k_max, "cost_model": planner.cost.coef,
-            "cost_knee": planner.cost.knee, "tree_cost": planner.cost.tree_cost,
-            "draft_cost": planner.cost.draft_cost, "tree_steps": tree_steps}
+        start = time.perf_counter()
+        self._plan = None
+        cand = par = np.empty(0, np.int32)
+        probe = self.planner.nothing_can_pay(1)
+        if not probe or self.steps % self.probe_every == 0:
+            settings = self.settings
+            nodes = build_forest_nodes(state.index_at(pos), state.topk[pos],
+                                       min(settings.capacity, self.cap + 1),
+                                       max_chains=(1 << 30) if settings.tree else 1)
+            logp = np.asarray(state.topk_logp[pos], dtype=np.float64)
+            (cand, par), self._plan = (x[0] for x in self.planner.plan(
+                [Candidates(*nodes, head_logp=logp)], self.cap,
+                explore=self.probe_nodes if probe else 0))
+        self.plan_s += time.perf_counter() - start
+        return cand, par
+
+    def verdict(self, state: "Replay", pos: int, path: list[int], emitted: int, cost: float,
+                num_drafts: int, is_tree: bool) -> None:
+        if self._plan is not None and len(path) + 1 == emitted:
+            next_token = int(state.full[state.prompt_len + pos + emitted])
+            self.planner.observe([(self._plan, path, next_token)])
+        self.planner.cost.add(1 + num_drafts, cost, int(is_tree), num_drafts > 0)
+        self.steps += 1
+        self.tree_steps += is_tree
+
+    def stats(self) -> dict[str, Any]:
+        cost = self.planner.cost
+        return {"plan_ms_per_step": 1e3 * self.plan_s / self.steps if self.steps else None,
+                "tree_steps": self.tree_steps, "k_max_last": self.planner.last_k_max,
+                "cost_model": cost.coef, "cost_knee": cost.knee, "tree_cost": cost.tree_cost}
+
+
+def echo_replay(rows: list[dict], overrides: dict | None = None) -> dict[str, Any]:
+    drafter = EchoDrafter(overrides)
+    return {**replay(rows, drafter), **drafter.stats()}
 
 
 ECHO_VARIANTS = {"echo (batch 1, capacity 16)": {"capacity": 16},

@@ -105,6 +105,26 @@ def test_selection_becomes_a_chain_when_the_tree_does_not_pay(tree_cost, expecte
     assert keep.tolist() == expected
 
 
+def test_chain_length_follows_a_non_monotone_cost_curve():
+    """On the CPU 4 verified tokens cost less than 2 (oneDNN): a request whose best
+    node alone would not pay still verifies a 3-node chain, which costs less than no
+    draft at all; a tree of the same nodes pays its tree cost and loses to it."""
+    from vllm_echo.algos.echo.cost import CostModel
+
+    planner = EchoPlanner(EchoSettings(method="echo"))
+    times = {1: 34.6, 2: 37.8, 3: 33.8, 4: 32.7, 5: 33.4, 6: 32.0, 7: 35.9}  # ms, measured
+    model = CostModel(min_samples=8, min_distinct=3, refit_every=1, explore=0.0, shrink=0.0)
+    for n, ms in list(times.items()) * 4 + [(4, 32.7 + 9.0)] * 4:
+        model.add(n, ms / 1e3, int(n == 4 and ms > 40), n > 1)
+    model.add(4, 41.7e-3, 1, True)  # tree steps: c ~ 9 ms
+    planner.cost = model
+    # chain 0 -> 1 -> 2 (p = 0.05 each step given the parent) and a sibling 3 of node 0
+    tree = _tree([-1, 0, 1, -1], [0.05, 0.5, 0.5, 0.04])
+    assert model.time(4) < model.time(1) < model.time(2)
+    (keep,) = planner._prefer_chains([tree], [np.array([0, 3])], k_max=3)
+    assert keep.tolist() == [0, 1, 2]  # N = 4, cheaper than N = 1 or the 2-node tree
+
+
 def test_root_paths_and_chain_test():
     from vllm_echo.algos.echo.planner import _is_chain, _path_to, _root_paths
 

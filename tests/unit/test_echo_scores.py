@@ -4,7 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from vllm_echo.algos.echo.scores import AcceptancePrior, depth_confidence, path_scores
+from vllm_echo.algos.echo.scores import (AcceptancePrior, depth_confidence,
+                                         exclusive_sibling_logp, path_scores)
 from vllm_echo.algos.tree import tree_depths
 
 # LogitSpec-style forest: retrieved chain [0, 1, 2], branch [3 (candidate), 4, 5],
@@ -121,6 +122,22 @@ def test_observe_tree_empty_path_and_validation():
                            token_ids=np.zeros(7, int))
     with pytest.raises(ValueError, match="shape"):
         prior.observe_tree(FOREST_PARENTS, depths[:3], FOREST_MATCH, FOREST_RETRIEVED, [])
+
+
+def test_siblings_are_exclusive_best_first():
+    # root children 0 (0.5), 1 (0.7), 5 (0.1); children of 0: 2 (0.6), 3 (0.2), 4 (0.6)
+    parents = np.array([-1, -1, 0, 0, 0, -1])
+    p = np.array([0.5, 0.7, 0.6, 0.2, 0.6, 0.1])
+    got = np.exp(exclusive_sibling_logp(parents, np.log(p)))
+    # 1 first (0.7); 0 only if 1 missed: 0.5 * 0.3; 5 if both missed: 0.1 * 0.3 * 0.5.
+    # Under 0: 2 then 4 (tie, lower index first): 0.6 * 0.4; 3 last: 0.2 * 0.4 * 0.4
+    np.testing.assert_allclose(got, [0.15, 0.7, 0.6, 0.032, 0.24, 0.015])
+    # a lone child keeps its probability; a chain is unchanged
+    chain = np.array([-1, 0, 1])
+    np.testing.assert_allclose(exclusive_sibling_logp(chain, np.log([0.9, 0.5, 0.2])),
+                               np.log([0.9, 0.5, 0.2]))
+    with pytest.raises(ValueError, match="shape"):
+        exclusive_sibling_logp(parents, np.zeros(3))
 
 
 def test_path_scores_known_answer():

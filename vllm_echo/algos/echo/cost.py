@@ -290,7 +290,8 @@ class CostModel:
         size = int(n.max()) + 1
         sums = np.bincount(n.astype(np.int64), weights=residual, minlength=size)
         counts = np.bincount(n.astype(np.int64), minlength=size)
-        self._correction = sums / (counts + self.shrink)
+        self._correction = np.divide(sums, counts + self.shrink, out=np.zeros(size),
+                                     where=counts > 0)
         spread = 1.4826 * float(np.median(np.abs(residual - np.median(residual))))  # robust sd
         self._unseen_bonus = self.explore * spread
         self._bonus = self._unseen_bonus / np.sqrt(1.0 + counts)
