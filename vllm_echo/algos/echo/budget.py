@@ -289,14 +289,12 @@ def subtree(token_ids, parents, selected, check: bool = True
     par = np.asarray(parents)
     sel = np.asarray(selected, dtype=np.int64).ravel()
     n = par.size
+    sel = np.sort(sel)
     if check:
-        if ((sel < 0) | (sel >= n)).any():
+        if sel.size and (sel[0] < 0 or sel[-1] >= n):
             raise ValueError(f"selected indices must be in [0, {n})")
-        sel = np.sort(sel)
         if sel.size > 1 and (np.diff(sel) == 0).any():
             raise ValueError("selected indices must be distinct")
-    else:
-        sel = np.sort(sel)
     new_index = np.full(n, -2, dtype=np.int64)
     new_index[sel] = np.arange(sel.size)
     old_par = par[sel].astype(np.int64)
