@@ -17,6 +17,11 @@ prompts for b <= 24 and 64 for b = 64. Throughput is output tokens over the wall
 clock of that generation (after a 1-prompt warm-up), ratios are to ``none`` of the
 same batch size in the same invocation.
 
+``--repeats R`` runs every configuration R times, in rounds: each round runs every
+method once, in an order rotated by one each round, so no method always goes first
+or last. Ratios are paired by round (method / reference of the same round), which
+cancels the machine's drift between rounds; the summary gives medians and ranges.
+
 Writes results.json, results.md and (with matplotlib) PNG plots into --out.
 """
 
@@ -26,6 +31,7 @@ import argparse
 import importlib.util
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -83,12 +89,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=3600, help="seconds per configuration")
     p.add_argument("--out", type=Path, default=None,
                    help="output folder (default benchmarks/results/offline-<time>)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="rounds of every configuration (order rotated each round); "
+                        "ratios are paired by round, the summary shows medians")
+    p.add_argument("--reference", default="none",
+                   help="method every other one is also compared with, per round "
+                        "(e.g. echo, to read echo / ngram directly)")
     p.add_argument("--smoke", action="store_true",
                    help="CI: 2 prompts, batch 1, max_tokens 16, methods none and logitspec")
     args = p.parse_args(argv)
     if args.smoke:
         for key, value in SMOKE.items():
             setattr(args, key, value)
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
     return args
 
 
@@ -173,20 +187,68 @@ def run_config(job: dict, workdir: Path, name: str, timeout: float) -> dict:
     return result
 
 
+def round_order(names: list[str], repeats: int) -> list[tuple[int, str]]:
+    """(round, method) in run order: every round runs each method once, the order
+    rotated by one per round, so no method always runs first or last."""
+    return [(k, n) for k in range(repeats)
+            for n in names[k % len(names):] + names[:k % len(names)]]
+
+
 def compare_with_none(rows: list[dict], temperature: float) -> None:
-    """Ratios and greedy identity against the `none` row of the same batch size."""
-    base = {r["batch_size"]: r for r in rows if r["method"] == "none" and r["status"] == "ok"}
+    """Ratios to the `none` row of the same batch size and round; greedy identity
+    against the first round's `none`."""
+    base = {(r["batch_size"], r["round"]): r for r in rows
+            if r["method"] == "none" and r["status"] == "ok"}
     for r in rows:
-        ref = base.get(r["batch_size"])
+        ref = base.get((r["batch_size"], r["round"]))
+        first = base.get((r["batch_size"], 0)) or ref
         r["ratio_to_none"] = None
         r["identical_to_none"] = None
-        if r["status"] != "ok" or ref is None:
+        if r["status"] != "ok":
             continue
-        if ref["output_tokens_per_s"]:
+        if ref is not None and ref["output_tokens_per_s"]:
             r["ratio_to_none"] = r["output_tokens_per_s"] / ref["output_tokens_per_s"]
-        if temperature == 0:
-            same = sum(a == b for a, b in zip(r["token_ids"], ref["token_ids"]))
-            r["identical_to_none"] = f"{same}/{len(ref['token_ids'])}"
+        if temperature == 0 and first is not None:
+            same = sum(a == b for a, b in zip(r["token_ids"], first["token_ids"]))
+            r["identical_to_none"] = f"{same}/{len(first['token_ids'])}"
+
+
+def _spread(values: list[float]) -> dict[str, Any]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "per_round": values}
+
+
+def summarize(rows: list[dict], reference: str) -> list[dict]:
+    """Per (method, batch size) over its rounds: throughput, and its ratios to `none`
+    and to ``reference`` paired by round (a round whose reference failed is left out)."""
+    runs: dict[tuple[str, int], dict[int, dict]] = {}
+    for r in rows:
+        if r["status"] == "ok":
+            runs.setdefault((r["method"], r["batch_size"]), {})[r["round"]] = r
+    summary = []
+    for (method, batch), by_round in runs.items():
+        rounds = sorted(by_round)
+        entry: dict[str, Any] = {
+            "method": method, "batch_size": batch, "rounds": len(rounds),
+            "output_tokens_per_s": _spread([by_round[k]["output_tokens_per_s"]
+                                            for k in rounds]),
+            "tokens_per_forward": statistics.median(by_round[k]["tokens_per_forward"]
+                                                    for k in rounds)}
+        for ref_name in dict.fromkeys(["none", reference]):
+            ref = runs.get((ref_name, batch), {})
+            ratios = [by_round[k]["output_tokens_per_s"] / ref[k]["output_tokens_per_s"]
+                      for k in rounds if k in ref and ref[k]["output_tokens_per_s"]]
+            entry[f"vs_{ref_name}"] = _spread(ratios) if ratios else None
+        summary.append(entry)
+    return summary
+
+
+def _ratio_text(spread: dict | None) -> str | None:
+    if spread is None:
+        return None
+    if len(spread["per_round"]) == 1:
+        return f"{spread['median']:.2f}"
+    return f"{spread['median']:.2f} [{spread['min']:.2f}–{spread['max']:.2f}]"
 
 
 def _per_position(counts: list | None) -> str | None:
@@ -223,13 +285,30 @@ def markdown(report: dict) -> str:
                      else f"{100 * prop['share_of_step_time']:.2f}%",
                      r.get("identical_to_none"),
                      status.replace("\n", " ").replace("|", "/")[:200]])
-    text = head + bench_common.markdown_table(headers, rows)
+    if report["repeats"] > 1:
+        headers = ["round", *headers]
+        rows = [[r["round"], *row] for r, row in zip(report["results"], rows)]
+    text = head
+    if report["repeats"] > 1:
+        ref = report["reference"]
+        refs = list(dict.fromkeys(["none", ref]))
+        text += (f"## Summary over {report['repeats']} rounds\n\nMedian [min–max]; ratios "
+                 "are paired by round (each round runs every method once, order rotated).\n\n")
+        text += bench_common.markdown_table(
+            ["method", "batch", "rounds", "tok/s", "tok/s per round", "tok/forward",
+             *[f"vs {n}" for n in refs]],
+            [[e["method"], e["batch_size"], e["rounds"], e["output_tokens_per_s"]["median"],
+              " / ".join(f"{v:.1f}" for v in e["output_tokens_per_s"]["per_round"]),
+              e["tokens_per_forward"], *[_ratio_text(e[f"vs_{n}"]) for n in refs]]
+             for e in report["summary"]])
+        text += "\n## Every run\n\n"
+    text += bench_common.markdown_table(headers, rows)
     cats = sorted({c for r in report["results"]
                    for c in (r.get("tokens_per_forward_by_category") or {})})
     if cats:
         rows = [[r["method"], r["batch_size"],
                  *[(r.get("tokens_per_forward_by_category") or {}).get(c) for c in cats]]
-                for r in report["results"] if r["status"] == "ok"]
+                for r in report["results"] if r["status"] == "ok" and r["round"] == 0]
         text += "\n## Tokens per target forward by category\n\n"
         text += bench_common.markdown_table(["method", "batch", *cats], rows)
     if report.get("notes"):
@@ -242,12 +321,12 @@ def plots(report: dict, out: Path) -> list[str]:
     if plt is None:
         report["notes"].append("plots skipped: matplotlib is not installed")
         return []
-    ok = [r for r in report["results"] if r["status"] == "ok"]
+    ok = [r for r in report["results"] if r["status"] == "ok" and r["round"] == 0]
     files = []
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for method in dict.fromkeys(r["method"] for r in ok):
-        pts = sorted((r["batch_size"], r["output_tokens_per_s"]) for r in ok
-                     if r["method"] == method)
+    for method in dict.fromkeys(e["method"] for e in report["summary"]):
+        pts = sorted((e["batch_size"], e["output_tokens_per_s"]["median"])
+                     for e in report["summary"] if e["method"] == method)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method)
     ax.set_xscale("log", base=2)
     batches = sorted({r["batch_size"] for r in ok})
@@ -255,7 +334,8 @@ def plots(report: dict, out: Path) -> list[str]:
     ax.minorticks_off()
     ax.set_xlabel("batch size")
     ax.set_ylabel("output tokens / s")
-    ax.set_title("Throughput vs batch size")
+    ax.set_title("Throughput vs batch size" + (f" (median of {report['repeats']} rounds)"
+                                               if report["repeats"] > 1 else ""))
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "throughput_vs_batch.png", dpi=120)
@@ -291,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     from vllm_echo.models import resolve_model
 
     methods = method_table(args)
+    if args.reference not in methods:
+        raise SystemExit(f"--reference {args.reference!r} is not among the methods run")
     model = resolve_model(args.model)
     out = args.out or bench_common.RESULTS_DIR / time.strftime("offline-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
@@ -309,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_model_len": args.max_model_len, "batch_sizes": args.batch_sizes,
         "methods": methods, "skipped_prompts_too_long": skipped,
         "environment": bench_common.environment(args.dtype), "notes": [], "results": [],
+        "repeats": args.repeats, "reference": args.reference,
     }
     unavailable: dict[str, str] = {}
     for name, spec in methods.items():
@@ -316,12 +399,13 @@ def main(argv: list[str] | None = None) -> int:
         if pkg and importlib.util.find_spec(pkg) is None:
             unavailable[name] = f"python package '{pkg}' is not installed"
 
-    configs = [(b, n) for b in args.batch_sizes for n in methods]
+    configs = [(b, k, n) for b in args.batch_sizes
+               for k, n in round_order(list(methods), args.repeats)]
     bar = tqdm(configs, desc="configs", unit="cfg", file=sys.stderr)
-    for batch, name in bar:
-        bar.set_postfix_str(f"{name} b={batch}")
+    for batch, round_, name in bar:
+        bar.set_postfix_str(f"{name} b={batch} round {round_}")
         n = max(args.num_prompts, batch)
-        row: dict[str, Any] = {"method": name, "batch_size": batch,
+        row: dict[str, Any] = {"method": name, "batch_size": batch, "round": round_,
                                "speculative_config": methods[name]}
         if name in unavailable:
             row.update(status="unavailable", reason=unavailable[name])
@@ -334,7 +418,8 @@ def main(argv: list[str] | None = None) -> int:
                    "temperature": args.temperature, "prompt_ids": prompt_ids[:n],
                    "categories": [p.category for p in prompts[:n]],
                    "warmup_prompt_ids": warm_ids}
-            row.update(run_config(job, logs, f"{name}-b{batch}", args.timeout))
+            tag = f"{name}-b{batch}" + (f"-r{round_}" if args.repeats > 1 else "")
+            row.update(run_config(job, logs, tag, args.timeout))
             if row["status"] == "unavailable":  # same config at every batch size
                 unavailable[name] = row["reason"]
         report["results"].append(row)
@@ -343,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{row['tokens_per_forward']:.2f} tok/fwd" if row["status"] == "ok"
                      else str(row.get("reason", ""))[:120]))
     compare_with_none(report["results"], args.temperature)
+    report["summary"] = summarize(report["results"], args.reference)
     if any(r.get("chat_render_matches") is False for r in report["results"]):
         report["notes"].append("warning: prompt rendering differs from llm.chat's")
     if args.temperature > 0:

@@ -1,0 +1,56 @@
+# SPDX-License-Identifier: Apache-2.0
+"""offline.py's rounds: ratios are paired by round, medians and ranges are exact."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_SPEC = importlib.util.spec_from_file_location(
+    "offline_bench", Path(__file__).resolve().parents[2] / "benchmarks" / "offline.py")
+offline = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(offline)
+
+
+def _run(method: str, round_: int, tok_s: float, status: str = "ok") -> dict:
+    return {"method": method, "batch_size": 1, "round": round_, "status": status,
+            "output_tokens_per_s": tok_s, "tokens_per_forward": 1.0 + round_ / 10,
+            "token_ids": [[1, 2]] if method != "ngram" or round_ else [[1, 3]]}
+
+
+def test_ratios_are_paired_by_round() -> None:
+    # The machine slows down in round 1: every method halves. Paired ratios do not move.
+    rows = [_run("none", 0, 20.0), _run("echo", 0, 30.0), _run("ngram", 0, 24.0),
+            _run("none", 1, 10.0), _run("echo", 1, 15.0), _run("ngram", 1, 13.0),
+            _run("none", 2, 20.0), _run("echo", 2, 20.0), _run("ngram", 2, 0.0, "error")]
+    offline.compare_with_none(rows, temperature=0.0)
+    assert [r["ratio_to_none"] for r in rows[:6]] == [1.0, 1.5, 1.2, 1.0, 1.5, 1.3]
+    assert rows[2]["identical_to_none"] == "0/1" and rows[5]["identical_to_none"] == "1/1"
+    summary = {e["method"]: e for e in offline.summarize(rows, reference="echo")}
+    echo = summary["echo"]
+    assert echo["rounds"] == 3
+    assert echo["output_tokens_per_s"] == {"median": 20.0, "min": 15.0, "max": 30.0,
+                                           "per_round": [30.0, 15.0, 20.0]}
+    assert echo["vs_none"]["per_round"] == [1.5, 1.5, 1.0]
+    assert echo["vs_none"]["median"] == 1.5
+    assert echo["tokens_per_forward"] == pytest.approx(1.1)
+    ngram = summary["ngram"]  # round 2 failed: left out, not counted as 0
+    assert ngram["rounds"] == 2
+    assert ngram["vs_echo"]["per_round"] == [pytest.approx(0.8), pytest.approx(13 / 15)]
+    assert ngram["vs_none"]["min"] == pytest.approx(1.2)
+    assert offline._ratio_text(ngram["vs_none"]) == "1.25 [1.20–1.30]"
+
+
+def test_rounds_must_be_positive() -> None:
+    with pytest.raises(SystemExit):
+        offline.parse_args(["--repeats", "0"])
+
+
+def test_round_order_rotates() -> None:
+    assert offline.round_order(["none", "echo", "ngram"], 3) == [
+        (0, "none"), (0, "echo"), (0, "ngram"),
+        (1, "echo"), (1, "ngram"), (1, "none"),
+        (2, "ngram"), (2, "none"), (2, "echo")]
+    assert offline.round_order(["none"], 2) == [(0, "none"), (1, "none")]
