@@ -197,42 +197,7 @@ class Replay:
         return argmax
 
 
-def replay(rows: list[dict], draft: Callable | None, tree_cost: float = 0.25
-           ) -> dict[str, Any]:
-    from vllm_echo.algos.verify import verify_greedy
-
-    steps = tokens = drafted = decode_steps = 0
-    seconds = seconds_none = 0.0
-    for row in rows:
-        state = Replay(row)
-        n = state.n_out
-        if n == 0:
-            continue
-        steps += 1  # prefill emits output 0
-        seconds_none += (n - 1) * step_cost(1)
-        pos = 0
-        while pos < n - 1:
-            if draft is None:
-                cand, par = np.empty(0, np.int32), np.empty(0, np.int32)
-            else:
-                cand, par = draft(state, pos)
-            path, _ = verify_greedy(cand, par, state.target_argmax(pos, cand, par))
-            emitted = min(len(path) + 1, n - 1 - pos)
-            is_tree = len(par) > 0 and not np.array_equal(par, np.arange(-1, len(par) - 1))
-            cost = step_cost(1 + len(cand)) + (tree_cost if is_tree else 0.0)
-            if hasattr(draft, "verdict"):  # a drafter that learns (ECHO)
-                draft.verdict(state, pos, path, emitted, cost, len(cand), is_tree)
-            seconds += cost
-            pos += emitted
-            steps += 1
-            decode_steps += 1
-            drafted += len(cand)
-        tokens += n
-    return {"tokens": tokens, "steps": steps,
-            "tokens_per_step": tokens / steps if steps else None,
-            "drafted_per_step": drafted / decode_steps if decode_steps else None,
-            "modeled_speedup": seconds_none / seconds if seconds else None}
-
+# -- step cost ------------------------------------------------------------------------
 
 # Decode step time vs tokens verified at batch 1, relative to a plain step (fp32, this
 # CPU, vLLM 0.32): medians measured in the engine up to 17 tokens (34.6 ms for 1); 33
@@ -241,6 +206,13 @@ def replay(rows: list[dict], draft: Callable | None, tree_cost: float = 0.25
 CPU_B1_COST = ((1, 2, 3, 4, 5, 6, 7, 9, 10, 14, 17, 33, 65),
                (1.0, 1.093, 0.977, 0.945, 0.965, 0.925, 1.037, 1.188, 1.199, 1.376, 1.441,
                 2.0, 2.9))
+CPU_B1_STEP_MS = 34.6
+# Batch >= 2, same machine and dtype, from the offline benchmark at batch 8 / 24 / 64
+# (commit a665ace, 64 tokens per request): a plain step took 69.8 / 169.6 / 381.9 ms
+# for 7.5 / 22.4 / 57.5 requests on average, i.e. ~34 ms + ~6.05 ms per request; the
+# K=4 drafters' steps cost ~1.6-1.9 ms more per verified draft token.
+CPU_BATCH_MS = (34.0, 6.05, 1.8)  # (per step, per request, per draft token)
+TREE_COST = 0.25  # a request verified as a tree on CPU, in batch-1 steps (ECHO measured)
 
 
 def step_cost(num_tokens: int, curve=CPU_B1_COST) -> float:
@@ -251,12 +223,101 @@ def step_cost(num_tokens: int, curve=CPU_B1_COST) -> float:
     return ts[-1] + (num_tokens - ks[-1]) * (ts[-1] - ts[-2]) / (ks[-1] - ks[-2])
 
 
+def cpu_step_ms(num_requests: int, num_drafts: int, num_trees: int) -> float:
+    """Measured on this CPU (fp32): the batch-1 curve at batch 1, the linear fit above."""
+    tree_ms = TREE_COST * CPU_B1_STEP_MS * num_trees
+    if num_requests == 1:
+        return CPU_B1_STEP_MS * step_cost(1 + num_drafts) + tree_ms
+    per_step, per_request, per_draft = CPU_BATCH_MS
+    return per_step + per_request * num_requests + per_draft * num_drafts + tree_ms
+
+
+def hinge_step_ms(num_requests: int, num_drafts: int, num_trees: int,
+                  knee: int = 256) -> float:
+    """Not measured: the shape ECHO assumes for a GPU (Eq. 2), flat up to ``knee``
+    verified tokens, then linear (twice the time at 2 x knee), trees free (a masked
+    attention). For reading how the budget behaves where verification is cheap."""
+    return 1.0 + max(0, num_requests + num_drafts - knee) / knee
+
+
+# name -> (step cost, ECHO's forest capacity there: the plugin's CPU default is 16,
+# vllm_echo.plugin.config_shim.CPU_ECHO_CAPACITY, elsewhere 64)
+COST_CURVES: dict[str, tuple[Callable[[int, int, int], float], int]] = {
+    "cpu": (cpu_step_ms, 16), "gpu-like hinge (assumed)": (hinge_step_ms, 64)}
+
+
+# -- replay ---------------------------------------------------------------------------
+
+class PerRequest:
+    """A drafter ``(state, pos) -> (token_ids, parents)`` applied to each live request."""
+
+    def __init__(self, draft: Callable):
+        self.draft = draft
+
+    def __call__(self, states: list["Replay"], positions: list[int]) -> list[tuple]:
+        return [self.draft(state, pos) for state, pos in zip(states, positions)]
+
+
+def replay(rows: list[dict], drafter: Callable | None, batch: int = 1,
+           cost: Callable[[int, int, int], float] = cpu_step_ms,
+           num_requests: int | None = None) -> dict[str, Any]:
+    """Continuous batching over the trace rows: up to ``batch`` requests decode in
+    lockstep, a finished request's slot goes to the next row (rows are cycled until
+    ``num_requests`` requests exist, default max(rows, batch)). Each step every live request drafts (``drafter(states,
+    positions)``), is verified greedily and emits accepted + 1 tokens; the step costs
+    ``cost(live requests, draft tokens, tree requests)``. A drafter with a ``verdicts``
+    method (ECHO) learns from each step. tokens/step counts forwards per request, as
+    the offline benchmark's tokens per forward: the prefill emits a request's first
+    token, each step after it one forward."""
+    from vllm_echo.algos.verify import verify_greedy
+
+    total = num_requests or max(len(rows), batch)
+    cycled = (rows[i % len(rows)] for i in range(total)) if rows else ()
+    queue = [row for row in cycled if row["output_ids"]][::-1]  # popped from the end
+    live: list[list] = []  # [state, pos]
+    forwards = tokens = drafted = decode_forwards = 0
+    seconds = 0.0
+    while queue or live:
+        while queue and len(live) < batch:
+            state = Replay(queue.pop())
+            forwards += 1  # the prefill emits output 0
+            tokens += state.n_out
+            if state.n_out > 1:
+                live.append([state, 0])
+        if not live:
+            continue
+        states, positions = [x[0] for x in live], [x[1] for x in live]
+        empty = (np.empty(0, np.int32), np.empty(0, np.int32))
+        drafts = drafter(states, positions) if drafter is not None else [empty] * len(live)
+        paths, emitted, num_drafts, num_trees = [], [], 0, 0
+        for (state, pos), (cand, par) in zip(live, drafts):
+            path, _ = verify_greedy(cand, par, state.target_argmax(pos, cand, par))
+            paths.append(path)
+            emitted.append(min(len(path) + 1, state.n_out - 1 - pos))
+            num_drafts += len(cand)
+            num_trees += len(par) > 0 and not np.array_equal(par, np.arange(-1, len(par) - 1))
+        step_seconds = cost(len(live), num_drafts, num_trees)
+        if hasattr(drafter, "verdicts"):
+            drafter.verdicts(states, positions, paths, emitted, step_seconds,
+                             len(live) + num_drafts, num_trees)
+        seconds += step_seconds
+        forwards += len(live)
+        decode_forwards += len(live)
+        drafted += num_drafts
+        for item, n in zip(live, emitted):
+            item[1] += n
+        live = [item for item in live if item[1] < item[0].n_out - 1]
+    return {"tokens": tokens, "steps": forwards, "seconds": seconds,
+            "tokens_per_step": tokens / forwards if forwards else None,
+            "drafted_per_step": drafted / decode_forwards if decode_forwards else None}
+
+
 class EchoDrafter:
-    """ECHO at batch 1 as a replay drafter: the planner sees each step's forest and
-    learns from each verdict. The engine's timings are replaced by ``step_cost`` (plus
-    the tree cost for a step verified as a tree), fed to the planner's cost model as
-    the plugin feeds measured ones. ``stats()``: its own planning time per step and
-    what it learned."""
+    """ECHO as a replay drafter: the planner sees the batch's forests each step and
+    learns from each step's verdicts. The engine's timings are replaced by the replay's
+    cost function, fed to the planner's cost model as the plugin feeds measured ones;
+    the probing when no draft can pay is the plugin's (echo_proposer). ``stats()``: its
+    own planning time per step and what it learned."""
 
     def __init__(self, overrides: dict | None = None, probe_every: int = 16,
                  probe_nodes: int = 4):
@@ -270,38 +331,42 @@ class EchoDrafter:
         self.probe_every, self.probe_nodes = probe_every, probe_nodes
         self.steps = self.tree_steps = 0
         self.plan_s = 0.0
-        self._plan = None
+        self._plans: list = []
 
-    def __call__(self, state: "Replay", pos: int):
+    def __call__(self, states: list["Replay"], positions: list[int]) -> list[tuple]:
         from vllm_echo.algos.echo.planner import Candidates
         from vllm_echo.algos.forest import build_forest_nodes
 
-        if state.topk_logp is None:
+        if any(state.topk_logp is None for state in states):
             raise ValueError("the trace has no topk_logprobs; record it again (--record)")
         start = time.perf_counter()
-        self._plan = None
-        cand = par = np.empty(0, np.int32)
-        probe = self.planner.nothing_can_pay(1)
+        empty = (np.empty(0, np.int32), np.empty(0, np.int32))
+        drafts, self._plans = [empty] * len(states), [None] * len(states)
+        probe = self.planner.nothing_can_pay(len(states))
         if not probe or self.steps % self.probe_every == 0:
             settings = self.settings
-            nodes = build_forest_nodes(state.index_at(pos), state.topk[pos],
-                                       min(settings.capacity, self.cap + 1),
-                                       max_chains=(1 << 30) if settings.tree else 1)
-            logp = np.asarray(state.topk_logp[pos], dtype=np.float64)
-            (cand, par), self._plan = (x[0] for x in self.planner.plan(
-                [Candidates(*nodes, head_logp=logp)], self.cap,
-                explore=self.probe_nodes if probe else 0))
+            candidates = []
+            for state, pos in zip(states, positions):
+                nodes = build_forest_nodes(state.index_at(pos), state.topk[pos],
+                                           min(settings.capacity, self.cap + 1),
+                                           max_chains=(1 << 30) if settings.tree else 1)
+                candidates.append(Candidates(*nodes, head_logp=np.asarray(
+                    state.topk_logp[pos], dtype=np.float64)))
+            drafts, self._plans = self.planner.plan(
+                candidates, self.cap, explore=self.probe_nodes if probe else 0)
         self.plan_s += time.perf_counter() - start
-        return cand, par
+        return drafts
 
-    def verdict(self, state: "Replay", pos: int, path: list[int], emitted: int, cost: float,
-                num_drafts: int, is_tree: bool) -> None:
-        if self._plan is not None and len(path) + 1 == emitted:
-            next_token = int(state.full[state.prompt_len + pos + emitted])
-            self.planner.observe([(self._plan, path, next_token)])
-        self.planner.cost.add(1 + num_drafts, cost, int(is_tree), num_drafts > 0)
+    def verdicts(self, states: list["Replay"], positions: list[int], paths: list[list[int]],
+                 emitted: list[int], seconds: float, num_tokens: int, num_trees: int) -> None:
+        observed = []
+        for state, pos, plan, path, n in zip(states, positions, self._plans, paths, emitted):
+            if plan is not None and len(path) + 1 == n:  # not cut by the end of the output
+                observed.append((plan, path, int(state.full[state.prompt_len + pos + n])))
+        self.planner.observe(observed)
+        self.planner.cost.add(num_tokens, seconds, num_trees, num_tokens > len(states))
         self.steps += 1
-        self.tree_steps += is_tree
+        self.tree_steps += num_trees > 0
 
     def stats(self) -> dict[str, Any]:
         cost = self.planner.cost
@@ -310,27 +375,77 @@ class EchoDrafter:
                 "cost_model": cost.coef, "cost_knee": cost.knee, "tree_cost": cost.tree_cost}
 
 
-def echo_replay(rows: list[dict], overrides: dict | None = None) -> dict[str, Any]:
+def echo_replay(rows: list[dict], overrides: dict | None = None, batch: int = 1,
+                cost: Callable[[int, int, int], float] = cpu_step_ms,
+                num_requests: int | None = None) -> dict[str, Any]:
     drafter = EchoDrafter(overrides)
-    return {**replay(rows, drafter), **drafter.stats()}
+    return {**replay(rows, drafter, batch, cost, num_requests), **drafter.stats()}
 
 
 ECHO_VARIANTS = {"echo (batch 1, capacity 16)": {"capacity": 16},
                  "echo chain mode (batch 1)": {"tree": False}}
+# The offline benchmark's ECHO rows, compared at every batch size.
+ECHO_ABLATIONS = {"echo": {}, "echo-dense": {"gating": "dense"},
+                  "echo-fixed-tau": {"fixed_tau": True},
+                  "echo-no-shared-budget": {"shared_budget": False}}
+
+
+def _with_speedup(result: dict, none: dict) -> dict:
+    result["modeled_speedup"] = none["seconds"] / result["seconds"] if result["seconds"] else None
+    return result
 
 
 def simulate(rows: list[dict]) -> dict[str, Any]:
+    """Batch 1 on this CPU's cost: every drafter, and ECHO's variants."""
     out = {}
+    none = replay(rows, None)
     for name, draft in methods().items():
         start = time.perf_counter()
-        out[name] = replay(rows, draft)
+        out[name] = _with_speedup(replay(rows, draft and PerRequest(draft)), none)
         out[name]["replay_s"] = time.perf_counter() - start
     if all("topk_logprobs" in row for row in rows):  # traces recorded before had none
         for name, overrides in ECHO_VARIANTS.items():
             start = time.perf_counter()
-            out[name] = echo_replay(rows, overrides)
+            out[name] = _with_speedup(echo_replay(rows, overrides), none)
             out[name]["replay_s"] = time.perf_counter() - start
     return out
+
+
+def simulate_batches(rows: list[dict], batch_sizes: list[int], requests_per_slot: int = 4
+                     ) -> list[dict[str, Any]]:
+    """Fixed-K drafters against ECHO and its ablations, per cost curve and batch size.
+
+    ``requests_per_slot`` x batch requests pass through the batch (rows cycled), so
+    that the batch stays full most of the time, as under steady serving load. With one
+    request per slot the run ends with the slowest request, whatever the others
+    gained (the offline benchmark's shape: all prompts submitted at once)."""
+    fixed = {"ngram k=4 m1..3 (vLLM)": vllm_ngram(4, 1, 3),
+             "logitspec chain K=4": logitspec_chain(4)}
+    out = []
+    for curve_name, (cost, capacity) in COST_CURVES.items():
+        for batch in batch_sizes:
+            count = max(len(rows), requests_per_slot * batch)
+            none = replay(rows, None, batch, cost, count)
+            runs = {name: replay(rows, PerRequest(draft), batch, cost, count)
+                    for name, draft in fixed.items()}
+            runs.update({name: echo_replay(rows, {"capacity": capacity, **overrides}, batch,
+                                           cost, count)
+                         for name, overrides in ECHO_ABLATIONS.items()})
+            for name, result in runs.items():
+                out.append({"cost": curve_name, "batch": batch, "method": name,
+                            "requests": count, **_with_speedup(result, none)})
+    return out
+
+
+def batch_table(results: list[dict], batch_sizes: list[int]) -> str:
+    cells: dict[tuple[str, str], dict[int, str]] = {}
+    for r in results:
+        cells.setdefault((r["cost"], r["method"]), {})[r["batch"]] = (
+            f"{r['modeled_speedup']:.2f} ({r['tokens_per_step']:.2f})")
+    return bench_common.markdown_table(
+        ["cost", "method", *[f"batch {b}" for b in batch_sizes]],
+        [[cost, method, *[by_batch.get(b) for b in batch_sizes]]
+         for (cost, method), by_batch in cells.items()])
 
 
 def _warm_up() -> None:
@@ -338,7 +453,7 @@ def _warm_up() -> None:
     fake = {"prompt_ids": [1, 2, 3, 1, 2], "output_ids": [3, 1, 2, 3],
             "topk_ids": [[3, 4]] * 4}
     for draft in methods().values():
-        replay([fake], draft)
+        replay([fake], draft and PerRequest(draft))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -353,6 +468,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--limit", type=int, default=None, help="replay only the first N prompts")
+    p.add_argument("--batch-sizes", nargs="*", type=int, default=[1, 8, 24, 64],
+                   help="batch sizes of the ECHO-vs-ablations comparison (none: skip it)")
+    p.add_argument("--requests-per-slot", type=int, default=4,
+                   help="requests through the batch per batch slot in that comparison")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--smoke", action="store_true",
                    help="CI: replay 2 prompts of the shipped trace (record 2x16 if none)")
@@ -361,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     trace = args.record or args.trace or DEFAULT_TRACE
     if args.smoke:
         args.limit = 2
+        args.batch_sizes, args.requests_per_slot = [1, 3], 1
         if not args.record and not (args.trace or DEFAULT_TRACE).is_file():
             args.record = trace = Path(tempfile.mkdtemp()) / "smoke_trace.jsonl"
             args.num_prompts, args.max_tokens = 2, 16
@@ -382,6 +502,14 @@ def main(argv: list[str] | None = None) -> int:
          for name, r in results.items()])
     print(f"{len(rows)} prompts, {sum(len(r['output_ids']) for r in rows)} output tokens, "
           f"replayed in {report['replay_s']:.1f} s\n\n{table}")
+    if args.batch_sizes and all("topk_logprobs" in row for row in rows):
+        start = time.perf_counter()
+        report["batches"] = simulate_batches(rows, args.batch_sizes, args.requests_per_slot)
+        report["batches_replay_s"] = time.perf_counter() - start
+        print(f"\nModeled speed-up over none (tokens per forward) by batch size, "
+              f"{args.requests_per_slot} requests per batch slot, replayed in "
+              f"{report['batches_replay_s']:.1f} s\n")
+        print(batch_table(report["batches"], args.batch_sizes))
     if args.json:
         bench_common.write_json(args.json, report)
     return 0

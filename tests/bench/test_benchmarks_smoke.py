@@ -75,6 +75,12 @@ def test_simulate_smoke(tmp_path: Path) -> None:
         assert {"tokens_per_step", "drafted_per_step", "steps", "tokens",
                 "modeled_speedup"} <= row.keys(), name
         assert row["tokens_per_step"] >= 1.0 and row["modeled_speedup"] > 0
+    # ECHO against its ablations and the fixed-K drafters, per cost curve and batch size
+    cells = {(r["cost"], r["batch"], r["method"]) for r in report["batches"]}
+    assert len(cells) == len(report["batches"]) == 2 * 2 * 6
+    assert ("cpu", 3, "echo-no-shared-budget") in cells
+    assert all(r["modeled_speedup"] > 0 and r["tokens_per_step"] >= 1.0
+               for r in report["batches"])
 
 
 def test_online_smoke(tmp_path: Path) -> None:

@@ -76,6 +76,23 @@ def test_cost_model_separates_the_cost_of_tree_requests():
     assert chains_only.tree_cost is None  # trees never timed: unknown, not zero
 
 
+def test_budget_grows_only_as_fast_as_steps_are_priced():
+    """Fitted on flat steps only (a GPU below its knee), the model would call every
+    candidate free; the budget stops at twice the largest step it saw, and a larger
+    step is refitted at once, so the next budget follows the new data."""
+    planner = EchoPlanner(EchoSettings(method="echo"))
+    planner.cost = CostModel(min_samples=8, min_distinct=3, refit_every=16)
+    for n in (8, 12, 16, 20) * 2:
+        planner.cost.add(n, 0.05)
+    assert planner.cost.coef[1] == 0.0 and planner.cost.trusted_size() == 40
+    trees = [_tree([-1, 0, 1, 2, 3, 4, 5, 6], [0.9] * 8) for _ in range(8)]  # 64 candidates
+    assert planner._k_max(trees, per_request_cap=8) == 40 - 8
+    planner.cost.add(40, 0.05)  # past the fitted range: refitted now, not 16 steps later
+    assert planner.cost.trusted_size() == 80
+    assert planner._k_max(trees, per_request_cap=8) == 64
+    assert CostModel.fixed(a=1.0, b=0.0).trusted_size() is None
+
+
 def _tree(parents, probs):
     from vllm_echo.algos.echo.budget import CandidateTree
     from vllm_echo.algos.tree import tree_depths

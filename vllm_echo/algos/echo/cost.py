@@ -217,6 +217,7 @@ class CostModel:
         self._bonus = np.zeros(1)  # per N, exploration bonus (falls with its samples)
         self._unseen_bonus = 0.0  # for N past the last measured one
         self.fits = 0
+        self._fitted_max = 0  # largest step size in the samples of the current fit
 
     @classmethod
     def fixed(cls, a: float, b: float, knee: int = 0, tree_cost: float | None = None,
@@ -238,8 +239,11 @@ class CostModel:
         if len(self._n) > self.window:
             del self._n[0], self._r[0], self._d[0], self._t[0]
         self._since_fit += 1
-        if (len(self._n) >= self.min_samples and (self.coef is None
-                                                  or self._since_fit >= self.refit_every)
+        # A step larger than any the fit saw is refitted at once: the budget grows
+        # toward unmeasured sizes only as fast as they are priced (trusted_size).
+        due = self.coef is None or self._since_fit >= self.refit_every \
+            or num_tokens > self._fitted_max
+        if (due and len(self._n) >= self.min_samples
                 and len(set(self._n)) >= self.min_distinct):
             self._fit()
 
@@ -256,6 +260,15 @@ class CostModel:
                           + (self.tree_cost or 0.0) * num_trees
                           + (self.draft_cost or 0.0) * np.asarray(drafted, dtype=np.float64),
                           1e-6)
+
+    def trusted_size(self) -> int | None:
+        """Largest step (verified tokens) the model may be asked to price: twice the
+        largest its current fit saw (None for a fixed model). Past its data the fit is an
+        extrapolation; a model fitted on flat samples only (a GPU below its knee) would
+        call every candidate free and admit all of them at once (in a replay at batch
+        64 under a hinge with its knee at 256 tokens: 4096 tokens, 16x a plain step).
+        Doubling at most per step finds the knee in a few measured steps."""
+        return 2 * self._fitted_max if self._n else None
 
     def time(self, num_tokens: int, num_trees: int = 0, drafted: bool = False) -> float:
         return float(self.times(np.array([num_tokens]), num_trees, drafted)[0])
@@ -296,6 +309,7 @@ class CostModel:
         self._unseen_bonus = self.explore * spread
         self._bonus = self._unseen_bonus / np.sqrt(1.0 + counts)
         self.coef = (a, b)
+        self._fitted_max = int(n.max())
         self.tree_cost = c if with_trees else None
         self.draft_cost = dc if with_drafts else None
         self.fits += 1

@@ -205,8 +205,11 @@ class EchoPlanner:
             return max(2 * factor, -(-len(trees) * factor // 8))  # ceil(B * factor / 8)
         eligible = [np.exp(t.scores[t.depths <= t.trunc_depth]) for t in trees]
         probs = np.sort(np.concatenate(eligible) if eligible else np.empty(0))[::-1]
-        probs = probs[:per_request_cap * len(trees)]
-        return throughput_budget(probs, len(trees), self.cost)
+        most = per_request_cap * len(trees)
+        trusted = self.cost.trusted_size()
+        if trusted is not None:  # the cost model prices no step far past its data
+            most = min(most, max(trusted - len(trees), 0))
+        return throughput_budget(probs[:most], len(trees), self.cost)
 
     def _prefer_chains(self, trees: list[CandidateTree], selected: list[np.ndarray],
                        k_max: int) -> list[np.ndarray]:

@@ -1,0 +1,69 @@
+# SPDX-License-Identifier: Apache-2.0
+"""simulate.py's continuous-batching replay on tiny traces whose schedule is known."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+_SPEC = importlib.util.spec_from_file_location(
+    "simulate_bench", Path(__file__).resolve().parents[2] / "benchmarks" / "simulate.py")
+simulate = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(simulate)
+
+
+def _row(prompt: list[int], output: list[int]) -> dict:
+    return {"prompt_ids": prompt, "output_ids": output, "topk_ids": [[0]] * len(output),
+            "topk_logprobs": [[-0.1]] * len(output)}
+
+
+ROWS = [_row([1, 2], [3, 4, 5, 6]), _row([7], [8, 9]), _row([5, 5], [1, 2, 3])]
+
+
+def _squared(num_requests: int, num_drafts: int, num_trees: int) -> float:
+    return float(num_requests**2 + 100 * num_drafts + 1000 * num_trees)
+
+
+def test_continuous_batching_schedule() -> None:
+    # Batch 2: A and B decode (4 s); B is done, C takes its slot: A+C twice (4 s each).
+    # Batch 1: the 3 + 1 + 2 decode steps one request at a time (1 s each).
+    result = simulate.replay(ROWS, None, batch=2, cost=_squared)
+    assert result["seconds"] == 12.0
+    assert result["steps"] == 3 + 6 and result["tokens"] == 9
+    assert result["tokens_per_step"] == 1.0
+    assert simulate.replay(ROWS, None, batch=1, cost=_squared)["seconds"] == 6.0
+    # Rows are cycled to fill the batch: 4 requests of which A twice.
+    assert simulate.replay(ROWS, None, batch=4, cost=_squared)["tokens"] == 13
+
+
+def _oracle(k: int):
+    """Drafts the true next k tokens as a chain: all of them are accepted."""
+    def draft(state, pos):
+        start = state.prompt_len + pos + 1
+        tokens = state.full[start:start + k].astype(np.int32)
+        return tokens, np.arange(-1, len(tokens) - 1, dtype=np.int32)
+    return simulate.PerRequest(draft)
+
+
+def test_accepted_drafts_emit_tokens_and_cost_their_rows() -> None:
+    # Oracle with k = 2 at batch 1: A (3 tokens after the prefill) takes one step with
+    # 2 drafts (emits 3); B one step with its 1 remaining token drafted; C one step with
+    # 2 drafts, both accepted (emits 2: its output ends there, no bonus token).
+    result = simulate.replay(ROWS, _oracle(2), batch=1, cost=_squared)
+    assert result["steps"] == 3 + 3
+    assert result["tokens_per_step"] == pytest.approx(9 / 6)
+    assert result["seconds"] == 3 * 1 + 100 * (2 + 1 + 2)
+    assert result["drafted_per_step"] == pytest.approx(5 / 3)
+
+
+def test_cpu_cost_is_the_measured_curve() -> None:
+    assert simulate.cpu_step_ms(1, 0, 0) == pytest.approx(simulate.CPU_B1_STEP_MS)
+    # batch 1: 3 drafts (4 tokens) are cheaper than none on this CPU
+    assert simulate.cpu_step_ms(1, 3, 0) < simulate.cpu_step_ms(1, 0, 0)
+    assert simulate.cpu_step_ms(24, 10, 1) == pytest.approx(
+        34.0 + 6.05 * 24 + 1.8 * 10 + 0.25 * simulate.CPU_B1_STEP_MS)
+    assert simulate.hinge_step_ms(64, 192, 5) == 1.0
+    assert simulate.hinge_step_ms(64, 448, 0) == 2.0
