@@ -93,6 +93,19 @@ def test_budget_grows_only_as_fast_as_steps_are_priced():
     assert CostModel.fixed(a=1.0, b=0.0).trusted_size() is None
 
 
+def test_budget_cap_never_falls_below_the_warm_up_sizes():
+    """Warm-up steps that verified only 1-3 tokens (few candidates) must not cap the
+    budget below what the warm-up explores (16 nodes at batch 1): else a cap at sizes
+    that do not pay keeps it at 0, and nothing larger is ever measured."""
+    planner = EchoPlanner(EchoSettings(method="echo"))
+    planner.cost = CostModel(min_samples=8, min_distinct=3)
+    for n in (1, 2, 3, 1, 2, 3, 1, 2):
+        planner.cost.add(n, 0.05)
+    assert planner.cost.trusted_size() == 6
+    tree = _tree(list(range(-1, 19)), [0.99] * 20)  # a 20-node chain
+    assert planner._k_max([tree], per_request_cap=20) == 16
+
+
 def _tree(parents, probs):
     from vllm_echo.algos.echo.budget import CandidateTree
     from vllm_echo.algos.tree import tree_depths

@@ -202,13 +202,18 @@ class EchoPlanner:
             # doubling the step at large batch.
             factor = _WARMUP_FACTORS[self._warmup_steps % len(_WARMUP_FACTORS)]
             self._warmup_steps += 1
-            return max(2 * factor, -(-len(trees) * factor // 8))  # ceil(B * factor / 8)
+            return _warmup_budget(len(trees), factor)
         eligible = [np.exp(t.scores[t.depths <= t.trunc_depth]) for t in trees]
         probs = np.sort(np.concatenate(eligible) if eligible else np.empty(0))[::-1]
         most = per_request_cap * len(trees)
         trusted = self.cost.trusted_size()
-        if trusted is not None:  # the cost model prices no step far past its data
-            most = min(most, max(trusted - len(trees), 0))
+        if trusted is not None:
+            # No step far past the cost model's data, but always as far as the warm-up
+            # explores: the warm-up's steps may have verified fewer tokens than their
+            # budget (few candidates), and a cap below the sizes that pay would leave
+            # the budget at 0 with nothing measured that could raise it.
+            floor = _warmup_budget(len(trees), _WARMUP_FACTORS[-1])
+            most = min(most, max(trusted - len(trees), floor))
         return throughput_budget(probs[:most], len(trees), self.cost)
 
     def _prefer_chains(self, trees: list[CandidateTree], selected: list[np.ndarray],
@@ -317,6 +322,11 @@ class EchoPlanner:
             else:  # the calibrator's fallback is the reference literals; ours applies
                 self.calibration_report += (
                     f"\n  -> keeping the forest gate {self.gate.sweet_spots} taus {self.gate.taus}")
+
+
+def _warmup_budget(num_requests: int, factor: int) -> int:
+    """Warm-up budget: B * factor / 8 nodes (rounded up), at least 2 * factor."""
+    return max(2 * factor, -(-num_requests * factor // 8))
 
 
 def _is_chain(parents: np.ndarray, keep: np.ndarray) -> bool:
