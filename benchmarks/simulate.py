@@ -13,9 +13,13 @@ log_softmax of the raw logits, so the top-k order is the raw logits' order).
 Replay: at each step the context is prompt + accepted output so far and its last
 token is the root; a method drafts a chain or forest, which is verified greedily
 (``vllm_echo.algos.verify.verify_greedy``) against the true continuation, and
-accepted + 1 tokens are emitted. The first output token costs one step (prefill).
-tokens/step = output tokens / steps; drafted/step = draft tokens (root excluded) per
-decode step. Since greedy decoding is lossless, the true continuation is exactly what
+accepted + 1 tokens are emitted. The first output token costs one forward (prefill).
+tokens/step = output tokens / forwards; drafted/step = draft tokens (root excluded)
+per decode forward. Requests run one at a time (batch 1) or, for the comparison of
+ECHO with its ablations, up to B at once with continuous batching; a step's time
+comes from a cost function of its live requests, draft tokens and tree requests
+(measured on this CPU, or an assumed GPU-like hinge), and ECHO learns from it as
+the plugin learns from measured step times. Since greedy decoding is lossless, the true continuation is exactly what
 the target would have emitted, so this is the acceptance of a real run without the
 verification cost.
 """
