@@ -285,11 +285,10 @@ def markdown(report: dict) -> str:
                      else f"{100 * prop['share_of_step_time']:.2f}%",
                      r.get("identical_to_none"),
                      status.replace("\n", " ").replace("|", "/")[:200]])
+    text = head
     if report["repeats"] > 1:
         headers = ["round", *headers]
         rows = [[r["round"], *row] for r, row in zip(report["results"], rows)]
-    text = head
-    if report["repeats"] > 1:
         ref = report["reference"]
         refs = list(dict.fromkeys(["none", ref]))
         text += (f"## Summary over {report['repeats']} rounds\n\nMedian [min–max]; ratios "
