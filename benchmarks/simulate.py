@@ -267,9 +267,10 @@ def replay(rows: list[dict], drafter: Callable | None, batch: int = 1,
            num_requests: int | None = None) -> dict[str, Any]:
     """Continuous batching over the trace rows: up to ``batch`` requests decode in
     lockstep, a finished request's slot goes to the next row (rows are cycled until
-    ``num_requests`` requests exist, default max(rows, batch)). Each step every live request drafts (``drafter(states,
-    positions)``), is verified greedily and emits accepted + 1 tokens; the step costs
-    ``cost(live requests, draft tokens, tree requests)``. A drafter with a ``verdicts``
+    ``num_requests`` requests exist, default max(rows, batch)). Each step every live
+    request drafts (``drafter(states, positions)``), is verified greedily and emits
+    accepted + 1 tokens; the step costs ``cost(live requests, draft tokens, tree
+    requests)``. A drafter with a ``verdicts``
     method (ECHO) learns from each step. tokens/step counts forwards per request, as
     the offline benchmark's tokens per forward: the prefill emits a request's first
     token, each step after it one forward."""
