@@ -7,8 +7,9 @@
 
 Recording runs the embedded model greedily (no speculation) and stores per prompt the
 prompt ids, the output ids and, per output position, the top-64 token ids (and their
-log-probabilities) of the logits that produced that token (vLLM logprobs in the default raw_logprobs mode:
-log_softmax of the raw logits, so the top-k order is the raw logits' order).
+log-probabilities) of the logits that produced that token (vLLM logprobs in the
+default raw_logprobs mode: log_softmax of the raw logits, so the top-k order is the
+raw logits' order).
 
 Replay: at each step the context is prompt + accepted output so far and its last
 token is the root; a method drafts a chain or forest, which is verified greedily
@@ -19,9 +20,9 @@ per decode forward. Requests run one at a time (batch 1) or, for the comparison 
 ECHO with its ablations, up to B at once with continuous batching; a step's time
 comes from a cost function of its live requests, draft tokens and tree requests
 (measured on this CPU, or an assumed GPU-like hinge), and ECHO learns from it as
-the plugin learns from measured step times. Since greedy decoding is lossless, the true continuation is exactly what
-the target would have emitted, so this is the acceptance of a real run without the
-verification cost.
+the plugin learns from measured step times. Since greedy decoding is lossless, the
+true continuation is exactly what the target would have emitted, so this is the
+acceptance of a real run without the verification cost.
 """
 
 from __future__ import annotations
