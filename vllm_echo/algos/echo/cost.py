@@ -268,7 +268,7 @@ class CostModel:
         call every candidate free and admit all of them at once (in a replay at batch
         64 under a hinge with its knee at 256 tokens: 4096 tokens, 16x a plain step).
         Doubling at most per step finds the knee in a few measured steps."""
-        return 2 * self._fitted_max if self._n else None
+        return 2 * self._fitted_max if self.fits else None
 
     def time(self, num_tokens: int, num_trees: int = 0, drafted: bool = False) -> float:
         return float(self.times(np.array([num_tokens]), num_trees, drafted)[0])
