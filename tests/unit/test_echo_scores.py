@@ -60,9 +60,27 @@ def test_prior_decay_forgets():
     assert prior.num_observations == pytest.approx(2.0, abs=1e-3)
 
 
+def test_prior_optimism_is_one_posterior_sd_and_shrinks_with_data():
+    plain = AcceptancePrior(max_ngram=1, max_depth=1)
+    hopeful = AcceptancePrior(max_ngram=1, max_depth=1, optimism=1.0)
+    for prior in (plain, hopeful):
+        prior.update([1, 1, 1], [1, 1, 1], [False] * 3)
+    # depth rate (0 + 2 * 0.5) / (3 + 2) = 0.2; bucket (0 + 2 * 0.2) / (3 + 2) = 0.08
+    assert plain.prob(1, 1) == pytest.approx(0.08)
+    assert hopeful.prob(1, 1) == pytest.approx(0.08 + math.sqrt(0.08 * 0.92 / 6))
+    rng = np.random.default_rng(0)
+    outcomes = rng.random(400) < 0.3
+    for prior in (plain, hopeful):
+        prior.update(np.ones(400, np.int64), np.ones(400, np.int64), outcomes)
+    p = plain.prob(1, 1)
+    assert hopeful.prob(1, 1) == pytest.approx(p + math.sqrt(p * (1 - p) / 406))
+    assert hopeful.prob(1, 1) - p < 0.025
+
+
 @pytest.mark.parametrize("kwargs", [
     dict(max_ngram=0), dict(max_ngram=3, max_depth=0), dict(max_ngram=3, prior_mean=1.0),
-    dict(max_ngram=3, prior_strength=0.0), dict(max_ngram=3, decay=0.0)
+    dict(max_ngram=3, prior_strength=0.0), dict(max_ngram=3, decay=0.0),
+    dict(max_ngram=3, optimism=-1.0)
 ])
 def test_prior_rejects_bad_config(kwargs):
     with pytest.raises(ValueError):

@@ -54,6 +54,11 @@ FOREST_DEFAULT_GATE = GateConfig(sweet_spots=(1, 3, 6), taus=(0.05, 0.05, 0.05),
 _LOGP_FLOOR = -30.0
 _MAX_DRAFTS_PER_REQUEST = 64  # how far nothing_can_pay looks for a paying draft size
 _WARMUP_FACTORS = (1, 2, 4, 8)  # warm-up budgets, in eighths of a node per request
+# Node rates are scored this many posterior standard deviations above their mean
+# (AcceptancePrior's optimism): without it, a bucket that a few early drafts pushed
+# below break-even was never verified again; at batch 1 in bf16 that stopped all
+# drafting for good in 2 of 3 runs.
+_OPTIMISM = 1.0
 # Buckets of a head's last-logit probability (bucket b+1 holds p >= edge b).
 _HEAD_P_EDGES = np.array([0.3, 0.1, 0.03, 0.01, 0.003])
 
@@ -108,10 +113,11 @@ class EchoPlanner:
 
     def __post_init__(self) -> None:
         s = self.settings
-        self.prior = AcceptancePrior(max_ngram=s.max_ngram, max_depth=16)
+        self.prior = AcceptancePrior(max_ngram=s.max_ngram, max_depth=16,
+                                     optimism=_OPTIMISM)
         # Heads are always at depth 1; "match length" is their probability bucket.
         self.head_prior = AcceptancePrior(max_ngram=len(_HEAD_P_EDGES) + 1, max_depth=1,
-                                          prior_mean=0.1)
+                                          prior_mean=0.1, optimism=_OPTIMISM)
         self.calibrator = Calibrator(max_depth=MAX_DEPTH, delta=s.delta,
                                      max_sweet_spots=s.max_sweet_spots,
                                      warmup_steps=s.calibration_steps,
@@ -250,8 +256,15 @@ class EchoPlanner:
             ends, path_sums, lengths = _root_paths(tree, limit)
             # Option "no draft" (length 0) and every allowed root path.
             lengths = np.concatenate([[0], lengths])
-            values = (np.concatenate([[0.0], path_sums])
-                      - rate * cost.times(rest_tokens + lengths, rest_trees, drafted=True))
+            times = cost.times(rest_tokens + lengths, rest_trees,
+                               drafted=(lengths > 0) | (rest_tokens > len(trees)))
+            # The gate truncates to release budget; a path that makes the step no
+            # slower than no draft at all releases nothing (on this CPU at batch 1 in
+            # fp32 a step verifying 3 drafts takes 33 ms, a plain one 38), so it may
+            # run past the truncation depth.
+            allowed = (lengths <= tree.trunc_depth) | (times <= times[0])
+            lengths, ends = lengths[allowed], np.concatenate([[-1], ends])[allowed]
+            values = np.concatenate([[0.0], path_sums])[allowed] - rate * times[allowed]
             best = int(np.argmax(values))
             if branched and self.cost.tree_cost is not None and (
                     p.sum() - rate * cost.time(rest_tokens + len(keep), rest_trees + 1,
@@ -259,7 +272,7 @@ class EchoPlanner:
                 out.append(keep)
                 continue
             spare += len(keep) - lengths[best]
-            keep = _path_to(tree.parents, int(ends[best - 1])) if best else keep[:0]
+            keep = _path_to(tree.parents, int(ends[best])) if best else keep[:0]
             num_tokens, num_trees = rest_tokens + len(keep), rest_trees
             out.append(keep)
         return out
@@ -337,15 +350,14 @@ def _is_chain(parents: np.ndarray, keep: np.ndarray) -> bool:
 
 def _root_paths(tree: CandidateTree, max_len: int
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every root path a request may verify: (end node, sum of the acceptance
-    probabilities along it, length), for paths of at most ``max_len`` nodes within
-    the gate's truncation depth."""
+    """Every root path of at most ``max_len`` nodes: (end node, sum of the acceptance
+    probabilities along it, length). The gate's truncation is the caller's to apply."""
     p = np.exp(tree.scores)
     sums = p.copy()
     for j, parent in enumerate(tree.parents.tolist()):  # parent-first order
         if parent >= 0:
             sums[j] += sums[parent]
-    allowed = np.flatnonzero(tree.depths <= min(tree.trunc_depth, max_len))
+    allowed = np.flatnonzero(tree.depths <= max_len)
     return allowed, sums[allowed], tree.depths[allowed]
 
 

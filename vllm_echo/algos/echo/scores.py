@@ -58,10 +58,18 @@ class AcceptancePrior:
     handful of steps. ``decay < 1`` multiplies all counts by ``decay`` before
     each update, so old traffic fades (effective memory ~ 1 / (1 - decay)
     updates).
+
+    ``optimism = z > 0`` raises every bucket's rate by z standard deviations of its
+    Beta posterior, sqrt(p_dm (1 - p_dm) / (n_dm + s + 1)) (optimism under
+    uncertainty). A planner that verifies only what looks worth its cost learns only
+    from what it verifies: a few unlucky early observations (a new reply's first
+    drafts come from the prompt alone) can push a bucket below break-even, and with
+    the plain estimate it is never verified, nor corrected, again. The optimistic
+    rate keeps such a bucket in play until enough observations confirm it is low.
     """
 
     def __init__(self, max_ngram: int, max_depth: int = 16, prior_mean: float = 0.5,
-                 prior_strength: float = 2.0, decay: float = 1.0):
+                 prior_strength: float = 2.0, decay: float = 1.0, optimism: float = 0.0):
         if max_ngram < 1:
             raise ValueError(f"max_ngram must be >= 1, got {max_ngram}")
         if max_depth < 1:
@@ -72,11 +80,14 @@ class AcceptancePrior:
             raise ValueError(f"prior_strength must be > 0, got {prior_strength}")
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], got {decay}")
+        if not optimism >= 0.0:
+            raise ValueError(f"optimism must be >= 0, got {optimism}")
         self.max_ngram = int(max_ngram)
         self.max_depth = int(max_depth)
         self.prior_mean = float(prior_mean)
         self.prior_strength = float(prior_strength)
         self.decay = float(decay)
+        self.optimism = float(optimism)
         # Float counts so that decay can scale them.
         self._accepted = np.zeros((self.max_depth, self.max_ngram))
         self._total = np.zeros((self.max_depth, self.max_ngram))
@@ -100,14 +111,20 @@ class AcceptancePrior:
         return np.minimum(d, self.max_depth) - 1, m - 1
 
     def prob_table(self) -> np.ndarray:
-        """Smoothed acceptance probabilities, shape ``(max_depth, max_ngram)``.
+        """Smoothed (and, with ``optimism``, raised) acceptance probabilities, shape
+        ``(max_depth, max_ngram)``.
 
         Read-only: cached until the next update (it is read several times a step)."""
         if self._table is None:
             s = self.prior_strength
             depth_rate = ((self._accepted.sum(axis=1) + s * self.prior_mean)
                           / (self._total.sum(axis=1) + s))
-            self._table = (self._accepted + s * depth_rate[:, None]) / (self._total + s)
+            table = (self._accepted + s * depth_rate[:, None]) / (self._total + s)
+            if self.optimism > 0:
+                spread = np.sqrt(table * (1.0 - table) / (self._total + s + 1.0))
+                # Kept below 1: log-probabilities stay finite and path scores fall.
+                table = np.minimum(table + self.optimism * spread, 1.0 - 1e-6)
+            self._table = table
             self._table.flags.writeable = False
         return self._table
 
