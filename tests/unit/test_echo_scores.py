@@ -60,9 +60,9 @@ def test_prior_decay_forgets():
     assert prior.num_observations == pytest.approx(2.0, abs=1e-3)
 
 
-def test_prior_optimism_is_one_posterior_sd_and_shrinks_with_data():
-    plain = AcceptancePrior(max_ngram=1, max_depth=1)
-    hopeful = AcceptancePrior(max_ngram=1, max_depth=1, optimism=1.0)
+def test_prior_optimism_raises_depth_one_by_a_posterior_sd_shrinking_with_data():
+    plain = AcceptancePrior(max_ngram=1, max_depth=2)
+    hopeful = AcceptancePrior(max_ngram=1, max_depth=2, optimism=1.0)
     for prior in (plain, hopeful):
         prior.update([1, 1, 1], [1, 1, 1], [False] * 3)
     # depth rate (0 + 2 * 0.5) / (3 + 2) = 0.2; bucket (0 + 2 * 0.2) / (3 + 2) = 0.08
@@ -75,6 +75,10 @@ def test_prior_optimism_is_one_posterior_sd_and_shrinks_with_data():
     p = plain.prob(1, 1)
     assert hopeful.prob(1, 1) == pytest.approx(p + math.sqrt(p * (1 - p) / 406))
     assert hopeful.prob(1, 1) - p < 0.025
+    # deeper rates stay plain
+    for prior in (plain, hopeful):
+        prior.update([2, 2], [1, 1], [True, False])
+    assert hopeful.prob(2, 1) == plain.prob(2, 1)
 
 
 @pytest.mark.parametrize("kwargs", [

@@ -59,13 +59,15 @@ class AcceptancePrior:
     each update, so old traffic fades (effective memory ~ 1 / (1 - decay)
     updates).
 
-    ``optimism = z > 0`` raises every bucket's rate by z standard deviations of its
+    ``optimism = z > 0`` raises the rates at depth 1 by z standard deviations of their
     Beta posterior, sqrt(p_dm (1 - p_dm) / (n_dm + s + 1)) (optimism under
     uncertainty). A planner that verifies only what looks worth its cost learns only
     from what it verifies: a few unlucky early observations (a new reply's first
-    drafts come from the prompt alone) can push a bucket below break-even, and with
-    the plain estimate it is never verified, nor corrected, again. The optimistic
-    rate keeps such a bucket in play until enough observations confirm it is low.
+    drafts come from the prompt alone) can push a depth-1 bucket below break-even,
+    and with the plain estimate it is never verified, nor corrected, again. The
+    optimistic rate keeps it in play until enough observations confirm it is low.
+    Deeper buckets need no such help (they are observed whenever their parent is
+    accepted), and raising them would make long chains look better than they are.
     """
 
     def __init__(self, max_ngram: int, max_depth: int = 16, prior_mean: float = 0.5,
@@ -111,7 +113,7 @@ class AcceptancePrior:
         return np.minimum(d, self.max_depth) - 1, m - 1
 
     def prob_table(self) -> np.ndarray:
-        """Smoothed (and, with ``optimism``, raised) acceptance probabilities, shape
+        """Smoothed (with ``optimism``, depth 1 raised) acceptance probabilities, shape
         ``(max_depth, max_ngram)``.
 
         Read-only: cached until the next update (it is read several times a step)."""
@@ -121,9 +123,10 @@ class AcceptancePrior:
                           / (self._total.sum(axis=1) + s))
             table = (self._accepted + s * depth_rate[:, None]) / (self._total + s)
             if self.optimism > 0:
-                spread = np.sqrt(table * (1.0 - table) / (self._total + s + 1.0))
+                first = table[0]
+                spread = np.sqrt(first * (1.0 - first) / (self._total[0] + s + 1.0))
                 # Kept below 1: log-probabilities stay finite and path scores fall.
-                table = np.minimum(table + self.optimism * spread, 1.0 - 1e-6)
+                table[0] = np.minimum(first + self.optimism * spread, 1.0 - 1e-6)
             self._table = table
             self._table.flags.writeable = False
         return self._table
