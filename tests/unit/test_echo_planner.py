@@ -159,8 +159,8 @@ def test_chain_length_follows_a_non_monotone_cost_curve():
     # 3 drafts (N = 4) cost less than none: the gate's cut releases nothing, so the
     # chain runs past it
     ({1: 34.6, 2: 37.8, 3: 33.8, 4: 32.7, 5: 33.4}, [0, 1, 2]),
-    # every draft costs time: the cut holds, and node 0 alone does not pay
-    ({1: 30.0, 2: 34.0, 3: 38.0, 4: 42.0, 5: 46.0}, []),
+    # every draft costs 0.5 ms: the cut holds although the chain would pay for itself
+    ({1: 30.0, 2: 30.5, 3: 31.0, 4: 31.5, 5: 32.0}, [0]),
 ])
 def test_gate_truncation_holds_unless_the_longer_chain_is_free(times, expected):
     from dataclasses import replace
@@ -173,7 +173,7 @@ def test_gate_truncation_holds_unless_the_longer_chain_is_free(times, expected):
         model.add(n, ms / 1e3, 0, n > 1)
     model.tree_cost = 0.009  # priced: no "chains only every other step"
     planner.cost = model
-    tree = replace(_tree([-1, 0, 1], [0.05, 0.5, 0.5]), trunc_depth=1)  # gate cut at depth 1
+    tree = replace(_tree([-1, 0, 1], [0.05, 0.9, 0.9]), trunc_depth=1)  # gate cut at depth 1
     (keep,) = planner._prefer_chains([tree], [np.array([0])], k_max=3)
     assert keep.tolist() == expected
 
