@@ -254,9 +254,9 @@ class EchoPlanner:
         for tree, keep, p, branched in zip(trees, selected, probs, is_tree):
             rest_tokens, rest_trees = num_tokens - len(keep), num_trees - branched
             limit = len(keep) + spare if self.settings.shared_budget else share
-            ends, path_sums, lengths = _root_paths(tree, limit)
-            # Option "no draft" (length 0) and every allowed root path.
-            lengths = np.concatenate([[0], lengths])
+            # Option "no draft" (end -1, length 0) first, then every root path.
+            ends, path_sums, lengths = (np.concatenate([[none], column]) for none, column
+                                        in zip((-1, 0.0, 0), _root_paths(tree, limit)))
             times = cost.times(rest_tokens + lengths, rest_trees,
                                drafted=(lengths > 0) | (rest_tokens > len(trees)))
             # The gate truncates to release budget; a path that makes the step no
@@ -264,8 +264,8 @@ class EchoPlanner:
             # fp32 a step verifying 3 drafts takes 33 ms, a plain one 38), so it may
             # run past the truncation depth.
             allowed = (lengths <= tree.trunc_depth) | (times <= times[0])
-            lengths, ends = lengths[allowed], np.concatenate([[-1], ends])[allowed]
-            values = np.concatenate([[0.0], path_sums])[allowed] - rate * times[allowed]
+            ends, lengths = ends[allowed], lengths[allowed]
+            values = path_sums[allowed] - rate * times[allowed]
             best = int(np.argmax(values))
             if branched and self.cost.tree_cost is not None and (
                     p.sum() - rate * cost.time(rest_tokens + len(keep), rest_trees + 1,
