@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from vllm_echo.algos.echo import forest_scoring
 from vllm_echo.algos.echo.planner import Candidates, EchoPlanner, Plan
 from vllm_echo.algos.forest import build_forest_nodes
 from vllm_echo.plugin import tree_state
@@ -39,6 +40,10 @@ class EchoProposer(LogitSpecProposer):
         self._reported_cost = False
         self._timer = StepTimer(self.planner.cost.add)  # feeds the budget's cost model
         tree_state.RECORD_PATHS = True
+
+    def _warm_up(self) -> None:
+        super()._warm_up()
+        forest_scoring.warm_up()
 
     def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu):
         self._check_layout()

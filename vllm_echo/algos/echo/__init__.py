@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""ECHO core (numpy only): scores, gate calibration, gate, batch budget, cost, stats.
+"""ECHO core (numpy/numba): scores, gate calibration, gate, batch budget, cost, stats.
 
 Per step, for a batch of retrieval forests:
 
 1. node log-probs (target logits for next-next candidates,
    :class:`AcceptancePrior` for retrieved tokens) -> :func:`path_scores` S;
 2. :func:`truncation_depth` with the current :class:`GateConfig`
-   (:data:`DEFAULT_GATE` until a :class:`Calibrator` has finalized);
+   (:data:`DEFAULT_GATE` until a :class:`Calibrator` has finalized); the planner does
+   1-2 in one compiled pass (:mod:`vllm_echo.algos.echo.forest_scoring`);
 3. :func:`schedule_budget` over :class:`CandidateTree` objects under K_max
    (from :func:`knee_k_max`), then :func:`subtree` per request;
 4. after verification: :meth:`AcceptancePrior.observe_tree`,

@@ -57,6 +57,17 @@ def _checks(gate: GateConfig, mode: str, max_depth: int, fixed_tau: float,
             for d in range(1, max_depth + 1)]
 
 
+def gate_checks(gate: GateConfig, mode: str, max_depth: int, fixed_tau: float = 0.2,
+                dense_tau: Optional[float] = None) -> tuple[np.ndarray, np.ndarray]:
+    """The (depths, taus) :func:`truncation_depth` tests on a tree of ``max_depth``,
+    in increasing depth, as two arrays (for the compiled forest scoring)."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    checks = _checks(gate, mode, max_depth, fixed_tau, dense_tau)
+    return (np.array([d for d, _ in checks], dtype=np.int64),
+            np.array([t for _, t in checks], dtype=np.float64))
+
+
 def truncation_depth(scores, depths, gate: GateConfig, mode: str = "sparse",
                      fixed_tau: float = 0.2,
                      dense_tau: Optional[float] = None) -> GateDecision:

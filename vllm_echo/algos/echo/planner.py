@@ -24,7 +24,8 @@ compute (past the knee, or large batches) it admits only nodes likely enough to 
 for themselves, down to none. Verifying a request as a tree rather than a chain has
 its own measured cost c (T + c R for R tree requests); each request keeps its
 selection only if it pays better than its best root path of any length within the
-budget, which vLLM verifies natively.
+budget, which vLLM verifies natively, padded with filler where a longer step is
+cheaper (the budget counts filler as nodes of probability 0).
 """
 
 from __future__ import annotations
@@ -37,11 +38,10 @@ import numpy as np
 from vllm_echo.algos.echo.budget import CandidateTree, schedule_budget, subtree
 from vllm_echo.algos.echo.calibration import Calibrator, GateConfig
 from vllm_echo.algos.echo.cost import CostModel
-from vllm_echo.algos.echo.gate import truncation_depth
-from vllm_echo.algos.echo.scores import (AcceptancePrior, depth_confidence,
-                                         exclusive_sibling_logp_unchecked, path_scores)
+from vllm_echo.algos.echo.forest_scoring import score_forest
+from vllm_echo.algos.echo.gate import gate_checks
+from vllm_echo.algos.echo.scores import AcceptancePrior
 from vllm_echo.algos.echo.stats import EchoStepStats
-from vllm_echo.algos.tree import tree_depths
 
 MAX_DEPTH = 32
 # Gate used until calibration succeeds. The reference literals (0.2, 0.2, 0.3; see
@@ -92,6 +92,28 @@ class Plan:
     head_bucket: np.ndarray  # for next-next heads (1-based), 1 elsewhere
     confidence: np.ndarray  # c_d over the whole candidate forest (calibration input)
     truncated_at: int
+    filler: int = 0  # trailing nodes that pad a chain (see EchoPlanner._prefer_chains)
+
+    def with_filler(self, count: int) -> "Plan":
+        """This plan, a non-empty chain, continued by ``count`` copies of its last token:
+        verified like any draft, learned from by nobody (see :attr:`learned`)."""
+        size = len(self.token_ids) + count
+
+        def extend(values: np.ndarray, fill) -> np.ndarray:
+            return np.concatenate([values, np.full(count, fill, values.dtype)])
+
+        return Plan(extend(self.token_ids, self.token_ids[-1]),
+                    np.arange(-1, size - 1).astype(self.parents.dtype),
+                    np.arange(1, size + 1), extend(self.match_len, 0),
+                    extend(self.retrieved, False), extend(self.head_bucket, 1),
+                    self.confidence, self.truncated_at, count)
+
+    @property
+    def learned(self) -> np.ndarray:
+        """Nodes the acceptance priors learn from (all but the filler)."""
+        mask = np.ones(len(self.token_ids), dtype=bool)
+        mask[len(mask) - self.filler:] = False
+        return mask
 
 
 def throughput_budget(probs: np.ndarray, num_requests: int, cost: CostModel) -> int:
@@ -129,6 +151,7 @@ class EchoPlanner:
         self._warmup_steps = 0
         self._unpriced_tree_steps = 0
         self._break_even: tuple[Any, float] = (None, 0.0)  # ((cost fit, B), probability)
+        self._checks: tuple[Any, Any] = (None, None)  # (gate, mode, ...), gate_checks
 
     # -- planning ----------------------------------------------------------------------
 
@@ -144,34 +167,29 @@ class EchoPlanner:
         mode = "dense" if self.settings.gating == "dense" else (
             "fixed" if self.settings.fixed_tau_value is not None else "sparse")
         live = sum(1 for cand in batch if cand is not None and len(cand.token_ids))
-        # A request whose best first node cannot pay for itself gets no plan: the
-        # scoring and scheduling below cost ~0.2 ms per request (5 ms at batch 24).
+        # A request whose best first node cannot pay for itself gets no plan (no
+        # scheduling work for it).
         floor = 0.0 if explore else self._break_even_probability(live)
+        prior_table, head_table = self.prior.prob_table(), self.head_prior.prob_table()
+        check_depths, check_taus = self._gate_checks(mode, batch)
         for cand in batch:
             if cand is None or len(cand.token_ids) == 0:
                 scored.append(None)
                 continue
-            depths = tree_depths(cand.parents)
-            retrieved = cand.rank < 0
-            logp = np.empty(len(depths))
-            logp[retrieved] = self.prior.log_prob(depths[retrieved], cand.match_len[retrieved])
-            heads = ~retrieved
-            buckets = np.ones(len(depths), dtype=np.int64)
-            if heads.any():
-                buckets[heads] = head_bucket(cand.head_logp[cand.rank[heads]])
-                logp[heads] = self.head_prior.log_prob(np.ones(int(heads.sum()), np.int64),
-                                                       buckets[heads])
-            if floor > 0 and np.exp(logp[cand.parents == -1].max()) < floor:
+            parents = cand.parents.astype(np.int64, copy=False)
+            (depths, buckets, scores, confidence, trunc_depth, truncated,
+             best_root_logp) = score_forest(parents, cand.rank.astype(np.int64, copy=False),
+                                            cand.match_len.astype(np.int64, copy=False),
+                                            np.asarray(cand.head_logp, dtype=np.float64),
+                                            prior_table, head_table, _HEAD_P_EDGES,
+                                            _LOGP_FLOOR, MAX_DEPTH, check_depths, check_taus)
+            if floor > 0 and np.exp(best_root_logp) < floor:
                 scored.append(None)
                 continue
-            logp = exclusive_sibling_logp_unchecked(cand.parents.astype(np.int64, copy=False),
-                                                    np.clip(logp, _LOGP_FLOOR, 0.0))
-            scores = path_scores(cand.parents, logp)
-            decision = truncation_depth(scores, depths, self.gate, mode=mode,
-                                        fixed_tau=self.settings.fixed_tau_value or 0.2)
-            trees.append(CandidateTree.trusted(cand.token_ids, cand.parents, scores, depths,
-                                               decision.trunc_depth, not decision.truncated))
-            scored.append((cand, depths, retrieved, buckets, scores, decision))
+            trees.append(CandidateTree.trusted(cand.token_ids, parents, scores, depths,
+                                               trunc_depth, not truncated))
+            scored.append((cand, depths, buckets, confidence[:MAX_DEPTH],
+                           trunc_depth if truncated else 0))
         k_max = self._k_max(trees, per_request_cap)
         probing = k_max == 0 and explore > 0
         if probing:
@@ -180,24 +198,36 @@ class EchoPlanner:
         result = schedule_budget(trees, k_max, per_request_cap=per_request_cap,
                                  shared_budget=self.settings.shared_budget)
         drafts, plans = [], []
-        selected = list(result.selected)
+        selected = [(keep, 0) for keep in result.selected]
         if not probing:  # a probe is verified as chosen: it is there to learn
-            selected = self._prefer_chains(trees, selected, k_max)
+            selected = self._prefer_chains(trees, result.selected, k_max, per_request_cap)
         selected = iter(selected)
         for item in scored:
             if item is None:
                 drafts.append((np.empty(0, np.int32), np.empty(0, np.int32)))
                 plans.append(None)
                 continue
-            cand, depths, retrieved, buckets, scores, decision = item
-            keep = np.asarray(next(selected), dtype=np.int64)
+            cand, depths, buckets, confidence, truncated_at = item
+            keep, filler = next(selected)
+            keep = np.asarray(keep, dtype=np.int64)
             tokens, parents = subtree(cand.token_ids, cand.parents, keep, check=False)
-            drafts.append((tokens.astype(np.int32), parents.astype(np.int32)))
-            plans.append(Plan(tokens, parents, depths[keep], cand.match_len[keep],
-                              retrieved[keep], buckets[keep],
-                              depth_confidence(scores, depths, MAX_DEPTH),
-                              decision.trunc_depth if decision.truncated else 0))
+            plan = Plan(tokens, parents, depths[keep], cand.match_len[keep], cand.rank[keep] < 0,
+                        buckets[keep], confidence, truncated_at)
+            if filler:
+                plan = plan.with_filler(filler)
+            drafts.append((plan.token_ids.astype(np.int32), plan.parents.astype(np.int32)))
+            plans.append(plan)
         return drafts, plans
+
+    def _gate_checks(self, mode: str, batch: list[Candidates | None]
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        """(depths, taus) the gate tests, for trees as deep as the batch's largest."""
+        deepest = max((len(c.token_ids) for c in batch if c is not None), default=0)
+        key = (self.gate, mode, self.settings.fixed_tau_value, deepest if mode == "dense" else 0)
+        if self._checks[0] != key:
+            self._checks = (key, gate_checks(self.gate, mode, max(deepest, 1),
+                                             fixed_tau=self.settings.fixed_tau_value or 0.2))
+        return self._checks[1]
 
     def _k_max(self, trees: list[CandidateTree], per_request_cap: int) -> int:
         if self.settings.k_max is not None:
@@ -221,26 +251,33 @@ class EchoPlanner:
             # the budget at 0 with nothing measured that could raise it.
             floor = _warmup_budget(len(trees), _WARMUP_FACTORS[-1])
             most = min(most, max(trusted - len(trees), floor))
-        return throughput_budget(probs[:most], len(trees), self.cost)
+        # Filler (probability 0) past the candidates: where the measured step is cheaper
+        # with more tokens, the budget may exceed them (see _prefer_chains).
+        probs = np.concatenate([probs[:most], np.zeros(max(most - probs.size, 0))])
+        return throughput_budget(probs, len(trees), self.cost)
 
-    def _prefer_chains(self, trees: list[CandidateTree], selected: list[np.ndarray],
-                       k_max: int) -> list[np.ndarray]:
+    def _prefer_chains(self, trees: list[CandidateTree], selected: tuple[np.ndarray, ...],
+                       k_max: int, per_request_cap: int) -> list[tuple[np.ndarray, int]]:
         """Per request, keep its selection or replace it by one root path, whichever
         adds more expected tokens net of its price in step time (at the step's
         expected tokens per second). The path may be longer or shorter than the
         selection's own best path: a chain verifies natively, without the tree cost
         c, and the measured step time is not monotone in N (on this CPU 4 tokens
         cost less than 2), so the best chain length comes from the cost curve.
+        For the same reason a chain may be padded with filler nodes (returned as
+        ``(nodes, filler count)``) up to the length at which the step is cheapest:
+        they are never accepted, but at batch 1 in fp32 a step verifying 5 tokens
+        took 33 ms and one verifying 2 took 41.
         Σ K_i <= k_max still holds (and each request's fixed share without a shared
         budget)."""
         if self.cost.coef is None or self.settings.k_max is not None:
-            return selected  # warm-up, or a fixed budget: as chosen
+            return [(keep, 0) for keep in selected]  # warm-up, or a fixed budget: as chosen
         if self.cost.tree_cost is None:
             # Trees not yet priced: every other step verifies chains only, so that the
             # cost model sees steps with and without trees (else it never learns c).
             self._unpriced_tree_steps += 1
             if self._unpriced_tree_steps % 2:
-                return selected
+                return [(keep, 0) for keep in selected]
         cost = self.cost
         probs = [np.exp(t.scores[s]) for t, s in zip(trees, selected)]
         is_tree = [not _is_chain(t.parents, s) for t, s in zip(trees, selected)]
@@ -253,29 +290,37 @@ class EchoPlanner:
         out = []
         for tree, keep, p, branched in zip(trees, selected, probs, is_tree):
             rest_tokens, rest_trees = num_tokens - len(keep), num_trees - branched
-            limit = len(keep) + spare if self.settings.shared_budget else share
+            limit = min(len(keep) + spare if self.settings.shared_budget else share,
+                        per_request_cap)
             # Option "no draft" (end -1, length 0) first, then every root path.
             ends, path_sums, lengths = (np.concatenate([[none], column]) for none, column
                                         in zip((-1, 0.0, 0), _root_paths(tree, limit)))
-            times = cost.times(rest_tokens + lengths, rest_trees,
-                               drafted=(lengths > 0) | (rest_tokens > len(trees)))
+            # The step time of every chain length up to the limit, and for each, the
+            # padded length >= it at which the step is cheapest.
+            sizes = np.arange(limit + 1)
+            size_times = cost.times(rest_tokens + sizes, rest_trees,
+                                    drafted=(sizes > 0) | (rest_tokens > len(trees)))
+            padded = _cheapest_at_or_above(size_times)
+            padded[0] = 0  # no draft is no draft: a filler-only chain never pays more
+            times = size_times[padded[lengths]]
             # The gate truncates to release budget; a path that makes the step no
             # slower than no draft at all releases nothing (on this CPU at batch 1 in
             # fp32 a step verifying 3 drafts takes 33 ms, a plain one 38), so it may
             # run past the truncation depth.
             allowed = (lengths <= tree.trunc_depth) | (times <= times[0])
-            ends, lengths = ends[allowed], lengths[allowed]
-            values = path_sums[allowed] - rate * times[allowed]
+            ends, lengths, times = ends[allowed], lengths[allowed], times[allowed]
+            values = path_sums[allowed] - rate * times
             best = int(np.argmax(values))
             if branched and self.cost.tree_cost is not None and (
                     p.sum() - rate * cost.time(rest_tokens + len(keep), rest_trees + 1,
                                                drafted=True)) >= values[best]:
-                out.append(keep)
+                out.append((keep, 0))
                 continue
-            spare += len(keep) - lengths[best]
+            size = int(padded[lengths[best]])
+            spare += len(keep) - size
             keep = _path_to(tree.parents, int(ends[best])) if best else keep[:0]
-            num_tokens, num_trees = rest_tokens + len(keep), rest_trees
-            out.append(keep)
+            num_tokens, num_trees = rest_tokens + size, rest_trees
+            out.append((keep, size - len(keep)))
         return out
 
     def nothing_can_pay(self, num_requests: int) -> bool:
@@ -317,18 +362,25 @@ class EchoPlanner:
         """Verdicts of the previous step: ``(plan, accepted_path, next_token)`` each."""
         if not plans:
             return
-        drafted, accepted, truncated = [], [], []
+        drafted, accepted, truncated, filler = [], [], [], 0
         for plan, path, next_token in plans:
-            self.prior.observe_tree(plan.parents, plan.depths, np.maximum(plan.match_len, 1),
-                                    plan.retrieved, path, plan.token_ids, next_token)
-            self.head_prior.observe_tree(plan.parents, np.minimum(plan.depths, 1),
-                                         plan.head_bucket, ~plan.retrieved, path,
-                                         plan.token_ids, next_token)
-            self.calibrator.observe(plan.confidence, len(path))
+            learned = plan.learned
+            self.prior.observe_tree_trusted(plan.parents, plan.depths,
+                                            np.maximum(plan.match_len, 1),
+                                            plan.retrieved & learned, path, plan.token_ids,
+                                            next_token)
+            self.head_prior.observe_tree_trusted(plan.parents, np.minimum(plan.depths, 1),
+                                                 plan.head_bucket, ~plan.retrieved & learned,
+                                                 path, plan.token_ids, next_token)
+            # The confidence is the candidates': an accepted filler node reached no depth
+            # of theirs.
+            self.calibrator.observe(plan.confidence,
+                                    min(len(path), len(plan.token_ids) - plan.filler))
             drafted.append(plan.depths)
             accepted.append(len(path))
             truncated.append(plan.truncated_at)
-        self.stats.record_step(drafted, accepted, truncated, self.last_k_max)
+            filler += plan.filler
+        self.stats.record_step(drafted, accepted, truncated, self.last_k_max, filler)
         if self.calibrator.ready:
             gate, self.calibration_report = self.calibrator.finalize()
             if gate.source == "calibrated":
@@ -360,6 +412,17 @@ def _root_paths(tree: CandidateTree, max_len: int
             sums[j] += sums[parent]
     allowed = np.flatnonzero(tree.depths <= max_len)
     return allowed, sums[allowed], tree.depths[allowed]
+
+
+def _cheapest_at_or_above(times: np.ndarray) -> np.ndarray:
+    """For each index i, the index j >= i of the smallest ``times[j]`` (the first on a tie)."""
+    best = np.empty(len(times), dtype=np.int64)
+    j = len(times) - 1
+    for i in range(len(times) - 1, -1, -1):
+        if times[i] <= times[j]:
+            j = i
+        best[i] = j
+    return best
 
 
 def _path_to(parents: np.ndarray, node: int) -> np.ndarray:

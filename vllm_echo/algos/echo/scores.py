@@ -21,6 +21,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
+from vllm_echo.algos.echo.forest_scoring import count_tree_observations
 from vllm_echo.algos.tree import ROOT, validate_parents
 
 ArrayLike = Union[np.ndarray, Sequence[int], Sequence[float]]
@@ -220,6 +221,26 @@ class AcceptancePrior:
             self.update(dep[chance], mlen[chance], accepted[chance])
         return int(chance.sum())
 
+    def observe_tree_trusted(self, parents: np.ndarray, depths: np.ndarray,
+                             match_lens: np.ndarray, is_retrieved_mask: np.ndarray,
+                             accepted_path: Sequence[int], token_ids: np.ndarray,
+                             next_token: int) -> int:
+        """:meth:`observe_tree` with token ids, compiled, for trees the caller built
+        (the planner's own plans, every step): the array shapes and dtypes are not
+        checked, the path and the match lengths are."""
+        if self.decay < 1.0:  # the decay applies before each update: the checked path
+            return self.observe_tree(parents, depths, match_lens, is_retrieved_mask,
+                                     accepted_path, token_ids, next_token)
+        recorded = count_tree_observations(
+            self._total, self._accepted, parents.astype(np.int64, copy=False),
+            depths.astype(np.int64, copy=False), match_lens.astype(np.int64, copy=False),
+            is_retrieved_mask.astype(np.bool_, copy=False),
+            np.asarray(accepted_path, dtype=np.int64),
+            token_ids.astype(np.int64, copy=False), int(next_token))
+        if recorded:
+            self._table = None
+        return recorded
+
 
 def exclusive_sibling_logp(parents: ArrayLike, node_logp: ArrayLike) -> np.ndarray:
     """Node log-probs once siblings are counted as exclusive.
@@ -236,12 +257,6 @@ def exclusive_sibling_logp(parents: ArrayLike, node_logp: ArrayLike) -> np.ndarr
     logp = np.asarray(node_logp, dtype=np.float64)
     if logp.shape != par.shape:
         raise ValueError(f"node_logp has shape {logp.shape}, expected {par.shape}")
-    return exclusive_sibling_logp_unchecked(par, logp)
-
-
-def exclusive_sibling_logp_unchecked(par: np.ndarray, logp: np.ndarray) -> np.ndarray:
-    """:func:`exclusive_sibling_logp` for int64 ``par`` and float64 ``logp`` already
-    checked (the planner's, every step)."""
     n = par.size
     if n < 2:
         return logp.copy()
