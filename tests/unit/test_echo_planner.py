@@ -86,10 +86,10 @@ def test_budget_grows_only_as_fast_as_steps_are_priced():
         planner.cost.add(n, 0.05)
     assert planner.cost.coef[1] == 0.0 and planner.cost.trusted_size() == 40
     trees = [_tree([-1, 0, 1, 2, 3, 4, 5, 6], [0.9] * 8) for _ in range(8)]  # 64 candidates
-    assert planner._k_max(trees, per_request_cap=8) == 40 - 8
+    assert planner._k_max(trees, per_request_cap=8, step_requests=8) == 40 - 8
     planner.cost.add(40, 0.05)  # past the fitted range: refitted now, not 16 steps later
     assert planner.cost.trusted_size() == 80
-    assert planner._k_max(trees, per_request_cap=8) == 64
+    assert planner._k_max(trees, per_request_cap=8, step_requests=8) == 64
     assert CostModel.fixed(a=1.0, b=0.0).trusted_size() is None
 
 
@@ -103,7 +103,7 @@ def test_budget_cap_never_falls_below_the_warm_up_sizes():
         planner.cost.add(n, 0.05)
     assert planner.cost.trusted_size() == 6
     tree = _tree(list(range(-1, 19)), [0.99] * 20)  # a 20-node chain
-    assert planner._k_max([tree], per_request_cap=20) == 16
+    assert planner._k_max([tree], per_request_cap=20, step_requests=1) == 16
 
 
 def _tree(parents, probs):
@@ -132,7 +132,7 @@ def test_selection_becomes_a_chain_when_the_tree_does_not_pay(tree_cost, expecte
     # node 3 is a sibling of node 1 (both under the root): a real tree
     tree = _tree([-1, 0, 1, -1], [0.9, 0.8, 0.5, 0.4])
     ((keep, filler),) = planner._prefer_chains([tree], [np.array([0, 1, 2, 3])], k_max=4,
-                                               per_request_cap=8)
+                                               per_request_cap=8, step_requests=1)
     assert keep.tolist() == expected
 
 
@@ -153,7 +153,7 @@ def test_chain_length_follows_a_non_monotone_cost_curve():
     tree = _tree([-1, 0, 1, -1], [0.05, 0.5, 0.5, 0.04])
     assert model.time(4) < model.time(1) < model.time(2)
     ((keep, filler),) = planner._prefer_chains([tree], [np.array([0, 3])], k_max=3,
-                                               per_request_cap=8)
+                                               per_request_cap=8, step_requests=1)
     assert keep.tolist() == [0, 1, 2] and filler == 0  # N = 4: cheaper than N = 1 or the tree
 
 
@@ -177,7 +177,7 @@ def test_gate_truncation_holds_unless_the_longer_chain_is_free(times, expected):
     planner.cost = model
     tree = replace(_tree([-1, 0, 1], [0.05, 0.9, 0.9]), trunc_depth=1)  # gate cut at depth 1
     ((keep, filler),) = planner._prefer_chains([tree], [np.array([0])], k_max=3,
-                                               per_request_cap=8)
+                                               per_request_cap=8, step_requests=1)
     assert keep.tolist() == expected
 
 
@@ -198,15 +198,15 @@ def test_chain_is_padded_with_filler_up_to_the_cheapest_step():
     planner.cost = model
     tree = _tree([-1], [0.3])
     ((keep, filler),) = planner._prefer_chains([tree], [np.array([0])], k_max=4,
-                                               per_request_cap=8)
+                                               per_request_cap=8, step_requests=1)
     assert keep.tolist() == [0] and filler == 2  # N = 1 + 1 + 2 = 4 tokens
     # the cap bounds the padding: 2 drafts at most, N = 3 beats N = 2
     ((keep, filler),) = planner._prefer_chains([tree], [np.array([0])], k_max=4,
-                                               per_request_cap=2)
+                                               per_request_cap=2, step_requests=1)
     assert keep.tolist() == [0] and filler == 1
     # so does the budget
     ((keep, filler),) = planner._prefer_chains([tree], [np.array([0])], k_max=1,
-                                               per_request_cap=8)
+                                               per_request_cap=8, step_requests=1)
     assert keep.tolist() == [0] and filler == 0
 
     plan = Plan(np.array([9]), np.array([-1]), np.array([1]), np.array([2]),
@@ -217,6 +217,25 @@ def test_chain_is_padded_with_filler_up_to_the_cheapest_step():
     planner.observe([(plan, [0, 1], 5)])  # the target happened to emit 9, 9, then 5
     assert planner.prior._total.sum() == 1 and planner.prior._accepted.sum() == 1
     assert planner.head_prior._total.sum() == 0
+
+
+def test_budget_prices_the_step_with_every_decoding_request():
+    """T = 30 ms flat up to 8 tokens, then 3 ms per token. One request has candidates
+    (p ~ 0.5): alone in the step its 4 drafts are free; in a step that also decodes 7
+    requests without candidates each would cost 3 ms, worth 8 requests / 30 ms x 3 ms =
+    0.8 tokens, more than it brings, so none is verified."""
+    planner = EchoPlanner(EchoSettings(method="echo"))
+    planner.cost = CostModel.fixed(a=0.030, b=0.003, knee=8)
+    planner.cost.tree_cost = 0.01
+    planner.prior.update(np.ones(40, np.int64), np.full(40, 3), np.arange(40) % 2 == 0)
+    cand = _candidates([1, 2, 3, 4, 5, 6, 1, 2, 3], [9])  # the chain 4, 5, 6, 1, 2 ...
+    assert planner.prior.prob(1, 3) == pytest.approx(0.5, abs=0.1)
+    drafts, _ = planner.plan([cand], per_request_cap=4, num_requests=1)
+    assert len(drafts[0][0]) == 4
+    drafts, _ = planner.plan([cand] + [None] * 7, per_request_cap=4)  # 8 decoding
+    assert len(drafts[0][0]) == 0
+    drafts, _ = planner.plan([cand], per_request_cap=4, num_requests=8)  # the same step
+    assert len(drafts[0][0]) == 0
 
 
 def test_root_paths_and_chain_test():

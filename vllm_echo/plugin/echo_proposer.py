@@ -83,7 +83,8 @@ class EchoProposer(LogitSpecProposer):
             candidates.append(Candidates(*nodes, head_logp=head_logp))
             tree_mode.append(use_tree)
         drafts, plans = self.planner.plan(candidates, self.num_speculative_tokens,
-                                          explore=_PROBE_NODES if probe else 0)
+                                          explore=_PROBE_NODES if probe else 0,
+                                          num_requests=live)
         out: list[list[int]] = []
         for i, ((tokens, parents), plan) in enumerate(zip(drafts, plans)):
             req_id = req_ids[i]

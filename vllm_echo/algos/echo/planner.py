@@ -155,9 +155,15 @@ class EchoPlanner:
 
     # -- planning ----------------------------------------------------------------------
 
-    def plan(self, batch: list[Candidates | None], per_request_cap: int, explore: int = 0
+    def plan(self, batch: list[Candidates | None], per_request_cap: int, explore: int = 0,
+             num_requests: int | None = None
              ) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[Plan | None]]:
         """Draft trees ``(token_ids, parents)`` per request (empty where None).
+
+        ``num_requests``: requests the step decodes, with or without candidates (default
+        ``len(batch)``). Every one of them is a verified token, so the cost model prices
+        the step at that many plus the drafts: at batch 8 with 3 requests drafting, a
+        step of 3 + k tokens (below this CPU's knee) is really one of 8 + k (past it).
 
         ``explore``: if the budget admits no node, verify up to this many anyway, one
         per request, best scored first. Acceptance rates are learned only from
@@ -167,9 +173,10 @@ class EchoPlanner:
         mode = "dense" if self.settings.gating == "dense" else (
             "fixed" if self.settings.fixed_tau_value is not None else "sparse")
         live = sum(1 for cand in batch if cand is not None and len(cand.token_ids))
+        step_requests = max(len(batch) if num_requests is None else num_requests, live)
         # A request whose best first node cannot pay for itself gets no plan (no
         # scheduling work for it).
-        floor = 0.0 if explore else self._break_even_probability(live)
+        floor = 0.0 if explore else self._break_even_probability(step_requests)
         prior_table, head_table = self.prior.prob_table(), self.head_prior.prob_table()
         check_depths, check_taus = self._gate_checks(mode, batch)
         for cand in batch:
@@ -190,7 +197,7 @@ class EchoPlanner:
                                                trunc_depth, not truncated))
             scored.append((cand, depths, buckets, confidence[:MAX_DEPTH],
                            trunc_depth if truncated else 0))
-        k_max = self._k_max(trees, per_request_cap)
+        k_max = self._k_max(trees, per_request_cap, step_requests)
         probing = k_max == 0 and explore > 0
         if probing:
             k_max, per_request_cap = min(explore, len(trees)), 1
@@ -200,7 +207,8 @@ class EchoPlanner:
         drafts, plans = [], []
         selected = [(keep, 0) for keep in result.selected]
         if not probing:  # a probe is verified as chosen: it is there to learn
-            selected = self._prefer_chains(trees, result.selected, k_max, per_request_cap)
+            selected = self._prefer_chains(trees, result.selected, k_max, per_request_cap,
+                                           step_requests)
         selected = iter(selected)
         for item in scored:
             if item is None:
@@ -229,7 +237,8 @@ class EchoPlanner:
                                              fixed_tau=self.settings.fixed_tau_value or 0.2))
         return self._checks[1]
 
-    def _k_max(self, trees: list[CandidateTree], per_request_cap: int) -> int:
+    def _k_max(self, trees: list[CandidateTree], per_request_cap: int,
+               step_requests: int) -> int:
         if self.settings.k_max is not None:
             return self.settings.k_max
         if self.cost.coef is None:
@@ -239,7 +248,7 @@ class EchoPlanner:
             # doubling the step at large batch.
             factor = _WARMUP_FACTORS[self._warmup_steps % len(_WARMUP_FACTORS)]
             self._warmup_steps += 1
-            return _warmup_budget(len(trees), factor)
+            return _warmup_budget(step_requests, factor)
         eligible = [np.exp(t.scores[t.depths <= t.trunc_depth]) for t in trees]
         probs = np.sort(np.concatenate(eligible) if eligible else np.empty(0))[::-1]
         most = per_request_cap * len(trees)
@@ -249,15 +258,16 @@ class EchoPlanner:
             # explores: the warm-up's steps may have verified fewer tokens than their
             # budget (few candidates), and a cap below the sizes that pay would leave
             # the budget at 0 with nothing measured that could raise it.
-            floor = _warmup_budget(len(trees), _WARMUP_FACTORS[-1])
-            most = min(most, max(trusted - len(trees), floor))
+            floor = _warmup_budget(step_requests, _WARMUP_FACTORS[-1])
+            most = min(most, max(trusted - step_requests, floor))
         # Filler (probability 0) past the candidates: where the measured step is cheaper
         # with more tokens, the budget may exceed them (see _prefer_chains).
         probs = np.concatenate([probs[:most], np.zeros(max(most - probs.size, 0))])
-        return throughput_budget(probs, len(trees), self.cost)
+        return throughput_budget(probs, step_requests, self.cost)
 
     def _prefer_chains(self, trees: list[CandidateTree], selected: tuple[np.ndarray, ...],
-                       k_max: int, per_request_cap: int) -> list[tuple[np.ndarray, int]]:
+                       k_max: int, per_request_cap: int,
+                       step_requests: int) -> list[tuple[np.ndarray, int]]:
         """Per request, keep its selection or replace it by one root path, whichever
         adds more expected tokens net of its price in step time (at the step's
         expected tokens per second). The path may be longer or shorter than the
@@ -281,11 +291,11 @@ class EchoPlanner:
         cost = self.cost
         probs = [np.exp(t.scores[s]) for t, s in zip(trees, selected)]
         is_tree = [not _is_chain(t.parents, s) for t, s in zip(trees, selected)]
-        num_tokens = sum(len(s) for s in selected) + len(trees)
+        num_tokens = sum(len(s) for s in selected) + step_requests
         num_trees = sum(is_tree)
-        rate = (len(trees) + sum(p.sum() for p in probs)) / cost.time(num_tokens, num_trees,
-                                                                       drafted=True)
-        spare = k_max - (num_tokens - len(trees))  # budget the selection left unused
+        rate = (step_requests + sum(p.sum() for p in probs)) / cost.time(
+            num_tokens, num_trees, drafted=True)
+        spare = k_max - (num_tokens - step_requests)  # budget the selection left unused
         share = k_max // max(len(trees), 1)
         out = []
         for tree, keep, p, branched in zip(trees, selected, probs, is_tree):
@@ -299,7 +309,7 @@ class EchoPlanner:
             # padded length >= it at which the step is cheapest.
             sizes = np.arange(limit + 1)
             size_times = cost.times(rest_tokens + sizes, rest_trees,
-                                    drafted=(sizes > 0) | (rest_tokens > len(trees)))
+                                    drafted=(sizes > 0) | (rest_tokens > step_requests))
             padded = _cheapest_at_or_above(size_times)
             padded[0] = 0  # no draft is no draft: a filler-only chain never pays more
             times = size_times[padded[lengths]]
