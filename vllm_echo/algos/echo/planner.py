@@ -40,7 +40,7 @@ from vllm_echo.algos.echo.calibration import Calibrator, GateConfig
 from vllm_echo.algos.echo.cost import CostModel
 from vllm_echo.algos.echo.forest_scoring import score_forest
 from vllm_echo.algos.echo.gate import gate_checks
-from vllm_echo.algos.echo.scores import AcceptancePrior
+from vllm_echo.algos.echo.scores import AcceptancePrior, AcceptedOverExpected
 from vllm_echo.algos.echo.stats import EchoStepStats
 
 MAX_DEPTH = 32
@@ -92,6 +92,7 @@ class Plan:
     head_bucket: np.ndarray  # for next-next heads (1-based), 1 elsewhere
     confidence: np.ndarray  # c_d over the whole candidate forest (calibration input)
     truncated_at: int
+    expected: float = 0.0  # accepted tokens the raw node scores expect
     filler: int = 0  # trailing nodes that pad a chain (see EchoPlanner._prefer_chains)
 
     def with_filler(self, count: int) -> "Plan":
@@ -106,7 +107,7 @@ class Plan:
                     np.arange(-1, size - 1).astype(self.parents.dtype),
                     np.arange(1, size + 1), extend(self.match_len, 0),
                     extend(self.retrieved, False), extend(self.head_bucket, 1),
-                    self.confidence, self.truncated_at, count)
+                    self.confidence, self.truncated_at, self.expected, count)
 
     @property
     def learned(self) -> np.ndarray:
@@ -141,6 +142,7 @@ class EchoPlanner:
         # Heads are always at depth 1; "match length" is their probability bucket.
         self.head_prior = AcceptancePrior(max_ngram=len(_HEAD_P_EDGES) + 1, max_depth=1,
                                           prior_mean=0.1, optimism=_OPTIMISM)
+        self.realized = AcceptedOverExpected()
         self.calibrator = Calibrator(max_depth=MAX_DEPTH, delta=s.delta,
                                      max_sweet_spots=s.max_sweet_spots,
                                      warmup_steps=s.calibration_steps,
@@ -179,6 +181,8 @@ class EchoPlanner:
         floor = 0.0 if explore else self._break_even_probability(step_requests)
         prior_table, head_table = self.prior.prob_table(), self.head_prior.prob_table()
         check_depths, check_taus = self._gate_checks(mode, batch)
+        # The budget prices nodes at their score scaled to what recent plans realised.
+        log_ratio = float(np.log(self.realized.ratio))
         for cand in batch:
             if cand is None or len(cand.token_ids) == 0:
                 scored.append(None)
@@ -190,12 +194,12 @@ class EchoPlanner:
                                             np.asarray(cand.head_logp, dtype=np.float64),
                                             prior_table, head_table, _HEAD_P_EDGES,
                                             _LOGP_FLOOR, MAX_DEPTH, check_depths, check_taus)
-            if floor > 0 and np.exp(best_root_logp) < floor:
+            if floor > 0 and np.exp(best_root_logp + log_ratio) < floor:
                 scored.append(None)
                 continue
-            trees.append(CandidateTree.trusted(cand.token_ids, parents, scores, depths,
-                                               trunc_depth, not truncated))
-            scored.append((cand, depths, buckets, confidence[:MAX_DEPTH],
+            trees.append(CandidateTree.trusted(cand.token_ids, parents, scores + log_ratio,
+                                               depths, trunc_depth, not truncated))
+            scored.append((cand, depths, buckets, scores, confidence[:MAX_DEPTH],
                            trunc_depth if truncated else 0))
         k_max = self._k_max(trees, per_request_cap, step_requests)
         probing = k_max == 0 and explore > 0
@@ -215,12 +219,13 @@ class EchoPlanner:
                 drafts.append((np.empty(0, np.int32), np.empty(0, np.int32)))
                 plans.append(None)
                 continue
-            cand, depths, buckets, confidence, truncated_at = item
+            cand, depths, buckets, scores, confidence, truncated_at = item
             keep, filler = next(selected)
             keep = np.asarray(keep, dtype=np.int64)
             tokens, parents = subtree(cand.token_ids, cand.parents, keep, check=False)
             plan = Plan(tokens, parents, depths[keep], cand.match_len[keep], cand.rank[keep] < 0,
-                        buckets[keep], confidence, truncated_at)
+                        buckets[keep], confidence, truncated_at,
+                        float(np.exp(scores[keep]).sum()))
             if filler:
                 plan = plan.with_filler(filler)
             drafts.append((plan.token_ids.astype(np.int32), plan.parents.astype(np.int32)))
@@ -343,13 +348,14 @@ class EchoPlanner:
         # Every draft tree starts at depth 1 and S only falls along a path, so the best
         # depth-1 rate p bounds every node's acceptance probability, and k drafts add
         # at most k p tokens. They pay if (B + k p) / T(B + k) > B / T(B) for some k.
+        # (p priced as plan() prices it: times the realised share.)
         best = max(self.prior.prob_table()[0].max(), self.head_prior.prob_table()[0].max())
-        return best < self._break_even_probability(num_requests)
+        return best * self.realized.ratio < self._break_even_probability(num_requests)
 
     def heads_can_pay(self, num_requests: int) -> bool:
         """Whether a next-next head (drafted from the last logits) may be worth verifying
         in a step of ``num_requests``: its best learned rate reaches the break-even."""
-        return (self.head_prior.prob_table()[0].max()
+        return (self.head_prior.prob_table()[0].max() * self.realized.ratio
                 >= self._break_even_probability(num_requests))
 
     def _break_even_probability(self, num_requests: int) -> float:
@@ -382,10 +388,11 @@ class EchoPlanner:
             self.head_prior.observe_tree_trusted(plan.parents, np.minimum(plan.depths, 1),
                                                  plan.head_bucket, ~plan.retrieved & learned,
                                                  path, plan.token_ids, next_token)
-            # The confidence is the candidates': an accepted filler node reached no depth
-            # of theirs.
-            self.calibrator.observe(plan.confidence,
-                                    min(len(path), len(plan.token_ids) - plan.filler))
+            # The confidence and the expectation are the candidates': an accepted filler
+            # node reached no depth of theirs.
+            reached = min(len(path), len(plan.token_ids) - plan.filler)
+            self.calibrator.observe(plan.confidence, reached)
+            self.realized.observe(plan.expected, reached)
             drafted.append(plan.depths)
             accepted.append(len(path))
             truncated.append(plan.truncated_at)
