@@ -238,6 +238,24 @@ def test_budget_prices_the_step_with_every_decoding_request():
     assert len(drafts[0][0]) == 0
 
 
+def test_budget_prices_candidates_at_the_realised_share_of_their_score():
+    """Same step as above at batch 8 (break-even 0.8): a depth-1 rate of 0.95 pays
+    while plans realise what they expect, not once they realise half of it."""
+    planner = EchoPlanner(EchoSettings(method="echo"))
+    planner.cost = CostModel.fixed(a=0.030, b=0.003, knee=8)
+    planner.cost.tree_cost = 0.01
+    planner.prior.update(np.ones(400, np.int64), np.full(400, 3), np.arange(400) % 20 != 0)
+    cand = _candidates([1, 2, 3, 4, 5, 6, 1, 2, 3], [9])
+    drafts, plans = planner.plan([cand], per_request_cap=4, num_requests=8)
+    assert len(drafts[0][0]) >= 1 and plans[0].expected > 0.9
+    for _ in range(20):
+        planner.realized.observe(2.0, 1)
+    assert planner.realized.ratio < 0.6
+    drafts, _ = planner.plan([cand], per_request_cap=4, num_requests=8)
+    assert len(drafts[0][0]) == 0
+    assert planner.nothing_can_pay(8) and not planner.heads_can_pay(8)
+
+
 def test_root_paths_and_chain_test():
     from vllm_echo.algos.echo.planner import _is_chain, _path_to, _root_paths
 

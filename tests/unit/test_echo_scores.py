@@ -146,6 +146,22 @@ def test_observe_tree_empty_path_and_validation():
         prior.observe_tree(FOREST_PARENTS, depths[:3], FOREST_MATCH, FOREST_RETRIEVED, [])
 
 
+def test_accepted_over_expected_known_answers():
+    from vllm_echo.algos.echo.scores import AcceptedOverExpected
+
+    share = AcceptedOverExpected(decay=0.5, pseudo=5.0, bounds=(0.2, 5.0))
+    assert share.ratio == 1.0  # no plan yet
+    share.observe(10.0, 5)
+    assert share.ratio == pytest.approx((5 + 5) / (10 + 5))
+    share.observe(4.0, 1)  # earlier sums halve first
+    assert share.ratio == pytest.approx((2.5 + 1 + 5) / (5 + 4 + 5))
+    for _ in range(50):
+        share.observe(100.0, 0)
+    assert share.ratio == 0.2  # bounded
+    with pytest.raises(ValueError, match="decay"):
+        AcceptedOverExpected(decay=0.0)
+
+
 def test_siblings_are_exclusive_best_first():
     # root children 0 (0.5), 1 (0.7), 5 (0.1); children of 0: 2 (0.6), 3 (0.2), 4 (0.6)
     parents = np.array([-1, -1, 0, 0, 0, -1])
