@@ -152,6 +152,7 @@ class EchoProposer(LogitSpecProposer):
         return {
             **planner.stats.as_dict(),
             "k_max": planner.last_k_max,
+            "accepted_over_expected": round(planner.realized.ratio, 4),
             "sweet_spots": list(gate.sweet_spots),
             "taus": [round(t, 4) for t in gate.taus],
             "gate_source": gate.source,

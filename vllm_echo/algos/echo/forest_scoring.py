@@ -15,10 +15,12 @@ builds from the numpy functions of this package, in order:
 5. the gate's decision (:func:`gate.truncation_depth`) from the checks of
    :func:`gate.gate_checks`.
 
-Why compiled: on a forest of a few dozen nodes those functions are some 40 numpy
-calls, 0.2-0.6 ms a request and step in the engine, against a decode step of
-25 ms at batch 1 (bf16) on this CPU; here it is a few microseconds. The numpy
-functions stay the reference (tests check this pass against them).
+Why compiled: on a forest of a few dozen nodes those functions are some 40 small
+numpy calls per request and step. At batch 1 in bf16, where a decode step takes
+25 ms on this CPU, the planner's plan() took 0.57 ms a step in the engine with them
+and 0.40 ms with this pass (the observation kernel below took observe() from 0.22
+to 0.12 ms). The numpy functions stay the reference (tests check this pass against
+them).
 """
 
 from __future__ import annotations

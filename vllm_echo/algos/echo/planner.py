@@ -281,8 +281,8 @@ class EchoPlanner:
         cost less than 2), so the best chain length comes from the cost curve.
         For the same reason a chain may be padded with filler nodes (returned as
         ``(nodes, filler count)``) up to the length at which the step is cheapest:
-        they are never accepted, but at batch 1 in fp32 a step verifying 5 tokens
-        took 33 ms and one verifying 2 took 41.
+        they are priced as never accepted, but at batch 1 in fp32 a step verifying 5
+        tokens took 33 ms and one verifying 2 took 41.
         Σ K_i <= k_max still holds (and each request's fixed share without a shared
         budget)."""
         if self.cost.coef is None or self.settings.k_max is not None:
