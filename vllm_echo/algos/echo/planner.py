@@ -234,9 +234,12 @@ class EchoPlanner:
 
     def _gate_checks(self, mode: str, batch: list[Candidates | None]
                      ) -> tuple[np.ndarray, np.ndarray]:
-        """(depths, taus) the gate tests, for trees as deep as the batch's largest."""
-        deepest = max((len(c.token_ids) for c in batch if c is not None), default=0)
-        key = (self.gate, mode, self.settings.fixed_tau_value, deepest if mode == "dense" else 0)
+        """(depths, taus) the gate tests, for trees as deep as the batch's largest (only
+        dense gating checks every depth; the sparse and fixed checks do not depend on it)."""
+        deepest = 0
+        if mode == "dense":
+            deepest = max((len(c.token_ids) for c in batch if c is not None), default=0)
+        key = (self.gate, mode, self.settings.fixed_tau_value, deepest)
         if self._checks[0] != key:
             self._checks = (key, gate_checks(self.gate, mode, max(deepest, 1),
                                              fixed_tau=self.settings.fixed_tau_value or 0.2))
