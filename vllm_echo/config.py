@@ -71,8 +71,9 @@ class EchoSettings:
         gating: "sparse" (gate only at sweet spots) or "dense" (ablation: every depth).
         fixed_tau: ablation: one threshold for all sweet spots (true = 0.2, or a
             probability); false = per-depth calibrated thresholds.
-        shared_budget: ablation switch: false gives every request a fixed share
-            instead of moving budget between requests.
+        shared_budget: ablation switch: false gives every request a fixed K (its
+            cap, num_speculative_tokens, or k_max // B when k_max is set) instead of
+            one batch budget; every request with candidates then drafts.
     """
 
     method: str = "logitspec"

@@ -238,6 +238,29 @@ def test_budget_prices_the_step_with_every_decoding_request():
     assert len(drafts[0][0]) == 0
 
 
+def test_without_a_shared_budget_every_request_drafts_its_fixed_k():
+    """The step of the test above at batch 8, where no draft pays: the shared budget
+    verifies none; the fixed-K ablation (shared_budget=false) drafts for every request
+    with candidates all the same, each at most its cap, and never skips the forests."""
+    def planner_for(shared):
+        planner = EchoPlanner(EchoSettings(method="echo", shared_budget=shared))
+        planner.cost = CostModel.fixed(a=0.030, b=0.003, knee=8)
+        planner.cost.tree_cost = 0.01
+        planner.prior.update(np.ones(40, np.int64), np.full(40, 3), np.arange(40) % 2 == 0)
+        return planner
+
+    batch = [_candidates([1, 2, 3, 4, 5, 6, 1, 2, 3], [9]),
+             _candidates([7, 8, 9, 7, 8], [9]), None]
+    drafts, _ = planner_for(True).plan(batch, per_request_cap=4, num_requests=8)
+    assert [len(t) for t, _ in drafts] == [0, 0, 0]
+    fixed = planner_for(False)
+    drafts, plans = fixed.plan(batch, per_request_cap=4, num_requests=8)
+    sizes = [len(t) for t, _ in drafts]
+    assert sizes[0] >= 1 and sizes[1] >= 1 and sizes[2] == 0 and max(sizes) <= 4
+    assert drafts[0][0][0] == 4 and drafts[1][0][0] == 9  # each request's best path
+    assert not fixed.nothing_can_pay(8) and fixed.heads_can_pay(8)
+
+
 def test_budget_prices_candidates_at_the_realised_share_of_their_score():
     """Same step as above at batch 8 (break-even 0.8): a depth-1 rate of 0.95 pays
     while plans realise what they expect, not once they realise half of it."""

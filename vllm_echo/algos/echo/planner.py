@@ -177,8 +177,9 @@ class EchoPlanner:
         live = sum(1 for cand in batch if cand is not None and len(cand.token_ids))
         step_requests = max(len(batch) if num_requests is None else num_requests, live)
         # A request whose best first node cannot pay for itself gets no plan (no
-        # scheduling work for it).
-        floor = 0.0 if explore else self._break_even_probability(step_requests)
+        # scheduling work for it); with a fixed K per request every request drafts.
+        floor = 0.0 if explore or not self.settings.shared_budget else \
+            self._break_even_probability(step_requests)
         prior_table, head_table = self.prior.prob_table(), self.head_prior.prob_table()
         check_depths, check_taus = self._gate_checks(mode, batch)
         # The budget prices nodes at their score scaled to what recent plans realised.
@@ -249,6 +250,10 @@ class EchoPlanner:
                step_requests: int) -> int:
         if self.settings.k_max is not None:
             return self.settings.k_max
+        if not self.settings.shared_budget:
+            # Ablation: a fixed K per request, whatever the step costs and whoever else
+            # drafts (schedule_budget gives each request k_max // len(trees)).
+            return per_request_cap * len(trees)
         if self.cost.coef is None:
             # Warm-up (until the cost model has its first fit, ~8 steps): budgets of
             # B/8, B/4, B/2 and B nodes in turn (at least 2, 4, 8, 16), so that the fit
@@ -287,7 +292,7 @@ class EchoPlanner:
         they are priced as never accepted, but at batch 1 in fp32 a step verifying 5
         tokens took 33 ms and one verifying 2 took 41.
         Σ K_i <= k_max still holds (and each request's fixed share without a shared
-        budget)."""
+        budget; a request with a fixed share always drafts if it can)."""
         if self.cost.coef is None or self.settings.k_max is not None:
             return [(keep, 0) for keep in selected]  # warm-up, or a fixed budget: as chosen
         if self.cost.tree_cost is None:
@@ -326,6 +331,8 @@ class EchoPlanner:
             # fp32 a step verifying 3 drafts takes 33 ms, a plain one 38), so it may
             # run past the truncation depth.
             allowed = (lengths <= tree.trunc_depth) | (times <= times[0])
+            if not self.settings.shared_budget and allowed[1:].any():
+                allowed[0] = False  # fixed K: drafting is not the cost model's call
             ends, lengths, times = ends[allowed], lengths[allowed], times[allowed]
             values = path_sums[allowed] - rate * times
             best = int(np.argmax(values))
@@ -336,7 +343,7 @@ class EchoPlanner:
                 continue
             size = int(padded[lengths[best]])
             spare += len(keep) - size
-            keep = _path_to(tree.parents, int(ends[best])) if best else keep[:0]
+            keep = _path_to(tree.parents, int(ends[best])) if ends[best] >= 0 else keep[:0]
             num_tokens, num_trees = rest_tokens + size, rest_trees
             out.append((keep, size - len(keep)))
         return out
@@ -346,7 +353,8 @@ class EchoPlanner:
         even the best learned acceptance rate is below the break-even probability
         of every draft size. Then the step needs no forests at all (saves the drafting
         work at high load); callers still plan now and then to keep learning."""
-        if self.settings.k_max is not None or self.cost.coef is None or num_requests == 0:
+        if (self.settings.k_max is not None or not self.settings.shared_budget
+                or self.cost.coef is None or num_requests == 0):
             return False
         # Every draft tree starts at depth 1 and S only falls along a path, so the best
         # depth-1 rate p bounds every node's acceptance probability, and k drafts add
@@ -358,7 +366,8 @@ class EchoPlanner:
     def heads_can_pay(self, num_requests: int) -> bool:
         """Whether a next-next head (drafted from the last logits) may be worth verifying
         in a step of ``num_requests``: its best learned rate reaches the break-even."""
-        return (self.head_prior.prob_table()[0].max() * self.realized.ratio
+        return (not self.settings.shared_budget
+                or self.head_prior.prob_table()[0].max() * self.realized.ratio
                 >= self._break_even_probability(num_requests))
 
     def _break_even_probability(self, num_requests: int) -> float:
