@@ -254,7 +254,7 @@ def test_without_a_shared_budget_every_request_drafts_its_fixed_k():
     drafts, _ = planner_for(True).plan(batch, per_request_cap=4, num_requests=8)
     assert [len(t) for t, _ in drafts] == [0, 0, 0]
     fixed = planner_for(False)
-    drafts, plans = fixed.plan(batch, per_request_cap=4, num_requests=8)
+    drafts, _ = fixed.plan(batch, per_request_cap=4, num_requests=8)
     sizes = [len(t) for t, _ in drafts]
     assert sizes[0] >= 1 and sizes[1] >= 1 and sizes[2] == 0 and max(sizes) <= 4
     assert drafts[0][0][0] == 4 and drafts[1][0][0] == 9  # each request's best path
