@@ -177,9 +177,8 @@ class EchoPlanner:
         live = sum(1 for cand in batch if cand is not None and len(cand.token_ids))
         step_requests = max(len(batch) if num_requests is None else num_requests, live)
         # A request whose best first node cannot pay for itself gets no plan (no
-        # scheduling work for it); with a fixed K per request every request drafts.
-        floor = 0.0 if explore or not self.settings.shared_budget else \
-            self._break_even_probability(step_requests)
+        # scheduling work for it).
+        floor = 0.0 if explore else self._break_even_probability(step_requests)
         prior_table, head_table = self.prior.prob_table(), self.head_prior.prob_table()
         check_depths, check_taus = self._gate_checks(mode, batch)
         # The budget prices nodes at their score scaled to what recent plans realised.
@@ -353,8 +352,7 @@ class EchoPlanner:
         even the best learned acceptance rate is below the break-even probability
         of every draft size. Then the step needs no forests at all (saves the drafting
         work at high load); callers still plan now and then to keep learning."""
-        if (self.settings.k_max is not None or not self.settings.shared_budget
-                or self.cost.coef is None or num_requests == 0):
+        if self.settings.k_max is not None or self.cost.coef is None or num_requests == 0:
             return False
         # Every draft tree starts at depth 1 and S only falls along a path, so the best
         # depth-1 rate p bounds every node's acceptance probability, and k drafts add
@@ -366,15 +364,16 @@ class EchoPlanner:
     def heads_can_pay(self, num_requests: int) -> bool:
         """Whether a next-next head (drafted from the last logits) may be worth verifying
         in a step of ``num_requests``: its best learned rate reaches the break-even."""
-        return (not self.settings.shared_budget
-                or self.head_prior.prob_table()[0].max() * self.realized.ratio
+        return (self.head_prior.prob_table()[0].max() * self.realized.ratio
                 >= self._break_even_probability(num_requests))
 
     def _break_even_probability(self, num_requests: int) -> float:
         """Acceptance probability a draft node needs, at best draft size, to pay for
         itself in a step of ``num_requests``: min over k of B (T(B + k) / T(B) - 1) / k
-        (0 before the model is fitted or with a fixed budget, or with no request)."""
-        if self.settings.k_max is not None or self.cost.coef is None or num_requests == 0:
+        (0 before the model is fitted, with a fixed budget or a fixed K per request, or
+        with no request: then every candidate may be drafted, heads and forests too)."""
+        if (self.settings.k_max is not None or not self.settings.shared_budget
+                or self.cost.coef is None or num_requests == 0):
             return 0.0
         key = (self.cost.fits, num_requests)
         if self._break_even[0] != key:  # changes only when the model is refitted
