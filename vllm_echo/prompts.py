@@ -3,8 +3,9 @@
 tests and benchmarks.
 
 Rows look like ``{"question_id", "category", "turns": [str, ...]}``; the first turn
-is the prompt. The project's copies live in ``../shared/data`` next to the
-checkout (``VLLM_ECHO_DATA`` overrides); any JSONL in that format works.
+is the prompt. The sets the project uses ship inside the package
+(``vllm_echo/data``, sources and licences in its README); ``VLLM_ECHO_DATA`` names a
+folder searched first. Any JSONL in that format works, given by path.
 """
 
 from __future__ import annotations
@@ -27,24 +28,27 @@ class Prompt:
         return [{"role": "user", "content": self.text}]
 
 
-def data_dir() -> Path:
+PACKAGED_DATA = Path(__file__).resolve().parent / "data"
+
+
+def data_dirs() -> list[Path]:
+    """Folders searched for a prompt file given by name, in order."""
     env = os.environ.get("VLLM_ECHO_DATA")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    return ([Path(env)] if env else []) + [PACKAGED_DATA]
 
 
 def resolve(path_or_name: str | os.PathLike) -> Path:
-    """A JSONL path, or a file name inside the shared data folder."""
+    """A JSONL path, or a file name inside ``VLLM_ECHO_DATA`` or the packaged data."""
     path = Path(path_or_name)
     if path.is_file():
         return path
-    candidate = data_dir() / path
-    if candidate.is_file():
-        return candidate
+    for folder in data_dirs():
+        if (folder / path).is_file():
+            return folder / path
     raise FileNotFoundError(
-        f"prompt file {str(path_or_name)!r} not found (looked in {data_dir()}; set "
-        "VLLM_ECHO_DATA to the folder holding the benchmark JSONL files)")
+        f"prompt file {str(path_or_name)!r} not found (looked in "
+        f"{', '.join(map(str, data_dirs()))}; pass a path, or set VLLM_ECHO_DATA to the "
+        "folder holding it)")
 
 
 def load(path_or_name: str | os.PathLike = SPEC_BENCH, n: int | None = None) -> list[Prompt]:
