@@ -22,6 +22,7 @@ from vllm_echo.plugin.config_shim import settings_from_vllm_config
 from vllm_echo.plugin.sampler_fixes import install_sampler_fixes
 from vllm_echo.plugin.metrics import publish_worker_stats
 from vllm_echo.plugin.runner_hooks import LastLogitsTopK, find_runner, install_sample_hook
+from vllm_echo.plugin.tp_drafts import RankZeroDrafts, tensor_parallel_group
 from vllm_echo.plugin.tree_runner import install_prepare_hook, tree_unsafe_reason
 
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
@@ -100,6 +101,8 @@ class LogitSpecProposer:
         self.tree_enabled = self.settings.tree and tree_support.prepare(vllm_config)
         self._layout_checked = False
         self._timer: Any = None  # runner_hooks.StepTimer, for proposers that cost steps
+        self._vllm_config = vllm_config
+        self._rank_zero: RankZeroDrafts | None = None  # tensor parallel: rank 0 drafts
         self._publisher = publish_worker_stats(self, vllm_config)  # for the server's /metrics
         install_sampler_fixes()
 
@@ -107,6 +110,13 @@ class LogitSpecProposer:
 
     def load_model(self, model: Any) -> None:  # mandatory on CPU (called without hasattr)
         self._runner = find_runner()
+        try:
+            group = tensor_parallel_group(self._vllm_config)
+            if group is not None:
+                self._rank_zero = RankZeroDrafts(group)
+        except Exception as exc:  # vLLM changed: ranks cannot agree on trees, chains are safe
+            self._log_failure("tensor parallel group", exc)
+            self.tree_enabled = False
         if self.tree_enabled:
             self.tree_enabled = tree_support.check_model(model)
         if self.tree_enabled or self._timer is not None:
@@ -118,16 +128,21 @@ class LogitSpecProposer:
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
         num_reqs = len(sampled_token_ids)
+        drafts: list[list[int]] | None = None
         try:
-            return self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
+            if self._rank_zero is None or self._rank_zero.leads:
+                drafts = self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         except Exception as exc:  # a drafting bug costs speed, never output or uptime
             self._log_failure("propose", exc)
             tree_state.TREES.clear()
-            return [[] for _ in range(num_reqs)]
+            drafts = [[] for _ in range(num_reqs)]
         finally:
             self._last_logits.release()  # the step's logits are not kept past drafting
             if self._timer is not None:
                 self._timer.stopped()
+        if self._rank_zero is not None:  # outside the try: every rank takes part
+            drafts = self._rank_zero.share(drafts)
+        return drafts
 
     # -- internals -----------------------------------------------------------------
 

@@ -5,7 +5,8 @@ vLLM schedules a request's drafts as a flat list. A tree travels as that list
 (nodes in parent-first order, so any prefix the scheduler keeps is still a
 tree) plus its parent array, kept here in a side table keyed by request id.
 The proposer, the model runner and the attention layers of one worker all run
-in the same process, so a module-level table is enough (one per TP rank).
+in the same process, so a module-level table is enough (one per TP rank; under
+tensor parallelism every rank's table holds rank 0's trees, see tp_drafts.py).
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ def tree_rows(req_id: str, req_idx: int, query_start: int, context_len: int, dra
     if not np.array_equal(draft.token_ids[:n], np.asarray(scheduled, dtype=np.int32)):
         return None
     parents = draft.parents[:n]
+    if len(parents) != n or np.any(parents < -1) or np.any(parents >= np.arange(n)):
+        return None  # not a parent-first tree over these nodes: verify as the chain it is
     if np.array_equal(parents, np.arange(-1, n - 1, dtype=parents.dtype)):
         return None
     anc = torch.from_numpy(ancestor_mask(parents))

@@ -1,0 +1,54 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Tensor parallelism: every rank verifies the drafts of the rank that schedules them.
+
+Each TP rank runs the model runner, so each runs our proposer, the prepare hook
+and the tree verdict; but only rank 0's drafts reach the scheduler. A tree's shape
+(its parents) and ECHO's plan depend on per-process state (step timing, the
+drafting deadline, what the planner learned), so ranks that drafted for
+themselves would verify rank 0's tokens under their own masks, positions and KV
+compaction, and the all-reduce would mix them. So ranks other than 0 do not
+draft: each step they take rank 0's drafts and trees.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from vllm_echo.plugin import tree_state
+
+
+def tensor_parallel_group(vllm_config: Any) -> Any | None:
+    """vLLM's TP group coordinator when the drafts must be shared, else None."""
+    if vllm_config.parallel_config.tensor_parallel_size <= 1:
+        return None
+    from vllm.distributed.parallel_state import get_tp_group
+
+    return get_tp_group()
+
+
+class RankZeroDrafts:
+    """Shares rank 0's drafts and trees with the other ranks of the TP group, once a step.
+
+    Every rank must call ``share`` in every ``propose`` (it is a collective), whatever
+    happened while drafting.
+    """
+
+    def __init__(self, group: Any):
+        self._group = group
+        self.leads = group.rank_in_group == 0
+
+    def share(self, drafts: list[list[int]] | None) -> list[list[int]]:
+        if self.leads:
+            trees = {req_id: (t.token_ids, t.parents) for req_id, t in tree_state.TREES.items()}
+            self._group.broadcast_object((drafts, trees), src=0)
+            return drafts
+        drafts, trees = self._group.broadcast_object(None, src=0)
+        tree_state.TREES.clear()
+        for req_id, (token_ids, parents) in trees.items():
+            tree_state.TREES[req_id] = tree_state.TreeDraft(np.asarray(token_ids),
+                                                            np.asarray(parents))
+        # This rank's verdicts are not learned from: rank 0's proposer plans.
+        tree_state.LAST_PATHS.clear()
+        return drafts
