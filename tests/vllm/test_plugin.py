@@ -52,6 +52,33 @@ def test_method_becomes_custom_class_with_settings_in_additional_config(model_pa
     assert (ours["method"], ours["max_ngram"], ours["span"], ours["topk"]) == (method, 2, 10, 64)
     # the CPU default tree sizes come from the measured cost curve
     assert ours["capacity"] == (8 if method == "logitspec" else 16)
+    # on CPU plain LogitSpec verifies chains unless trees are asked for; ECHO chooses
+    assert ours["tree"] is (method == "echo")
+
+
+def test_logitspec_trees_on_cpu_when_asked_for(model_path):
+    for spec in ({"method": "logitspec", "tree": True}, {"method": "logitspec", "capacity": 16}):
+        ours = _engine_config(model_path, spec).additional_config[ADDITIONAL_CONFIG_KEY]
+        assert ours["tree"] is True, spec
+
+
+def test_kv_connectors_and_async_scheduling_are_refused_by_name(model_path):
+    from vllm.config import KVTransferConfig
+
+    from vllm_echo.plugin.config_shim import refuse_unsupported_engine
+
+    connector = KVTransferConfig(kv_connector="ExampleConnector", kv_role="kv_both")
+    with pytest.raises(ValueError) as err:
+        _engine_config(model_path, {"method": "echo"}, kv_transfer_config=connector)
+    assert "KV connectors" in str(err.value) and "'echo'" in str(err.value)
+    # vLLM turns async scheduling off for custom_class proposers; were that to change,
+    # the final config is refused rather than run with compaction racing the schedule.
+    cfg = _engine_config(model_path, {"method": "logitspec"})
+    assert cfg.scheduler_config.async_scheduling is False
+    refuse_unsupported_engine(cfg)
+    cfg.scheduler_config.async_scheduling = True
+    with pytest.raises(ValueError, match="does not support async scheduling"):
+        refuse_unsupported_engine(cfg)
 
 
 def test_user_additional_config_is_kept(model_path):

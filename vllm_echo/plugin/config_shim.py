@@ -18,10 +18,11 @@ from vllm_echo.config import (ADDITIONAL_CONFIG_KEY, DEFAULT_NUM_SPECULATIVE_TOK
 
 logger = logging.getLogger("vllm.vllm_echo")
 
-# On a CPU every verified token is compute: measured on the embedded model (batch 1,
-# fp32), a tree of capacity 8 / 16 / 32 / 64 ran at 0.98 / 0.81 / 0.47 / 0.35x the
-# speed of no speculation, so plain LogitSpec trees default to the smallest there
-# (ECHO sizes its trees from the measured cost instead). GPUs keep the reference 64.
+# On a CPU every verified token is compute and the CPU tree path recomputes tree rows
+# in torch, so plain LogitSpec verifies one chain per request there unless the user
+# asks for trees ("tree": true or a "capacity"); trees asked for without a capacity
+# get the smallest that paid (benchmarks/README.md). ECHO chooses trees or chains per
+# step from the measured cost. GPUs keep the reference trees of capacity 64.
 CPU_LOGITSPEC_CAPACITY = 8
 # ECHO sizes its trees itself, but on the CPU it never verified more than ~8 tokens per
 # request at batch 1 (k_max 4-6 at the end of fp32 runs; 9 / 17 tokens cost 1.19 /
@@ -64,6 +65,8 @@ def rewrite(spec: dict[str, Any], additional_config: dict[str, Any] | None,
     vllm_spec = {k: spec[k] for k in VLLM_PASSTHROUGH_KEYS if k in spec}
     ours = {k: v for k, v in spec.items() if k not in VLLM_PASSTHROUGH_KEYS}
     if "capacity" not in ours and _on_cpu():
+        if method == "logitspec" and "tree" not in ours:
+            ours["tree"] = False
         ours["capacity"] = CPU_LOGITSPEC_CAPACITY if method == "logitspec" else CPU_ECHO_CAPACITY
     settings = EchoSettings.from_dict(ours)
     _check_model(method, model_config)
@@ -134,6 +137,27 @@ def _chain_only_reason(model_config: Any, parallel_config: Any) -> str | None:
         # Tree positions are known only on the last stage, where drafting runs.
         return "pipeline parallelism"
     return None
+
+
+def refuse_unsupported_engine(vllm_config: Any) -> None:
+    """Engine features our tree verification cannot coexist with, checked on the final
+    config rather than assumed off.
+
+    - Async scheduling overlaps the next schedule with this step's sampling, but KV
+      compaction and the next-next top-k capture must finish before the next step is
+      scheduled. vLLM turns it off for custom_class proposers today.
+    - A KV connector saves or sends a request's KV as the step computes it, before
+      compaction moves an accepted tree path into place.
+    """
+    method = vllm_config.additional_config[ADDITIONAL_CONFIG_KEY]["method"]
+    if getattr(vllm_config.scheduler_config, "async_scheduling", False):
+        raise SpeculativeConfigError(
+            f"speculative_config: method {method!r} does not support async scheduling; "
+            "allowed: async_scheduling off (drop --async-scheduling)")
+    if getattr(vllm_config, "kv_transfer_config", None) is not None:
+        raise SpeculativeConfigError(
+            f"speculative_config: method {method!r} does not support KV connectors "
+            "(kv_transfer_config); allowed: no KV connector")
 
 
 def _vocab_size(model_config: Any) -> int | None:

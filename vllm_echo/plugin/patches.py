@@ -51,7 +51,9 @@ Each entry says what is patched, why, and which upstream code it stands in for
       cpu_attn.py:344-487 (forward, do_kv_cache_update).
 
 5. ``EngineArgs.create_engine_config`` (class attribute, wrapped)
-   What: after the original, if the new VllmConfig carries our settings, register
+   What: after the original, if the new VllmConfig carries our settings, refuse
+      async scheduling and KV connectors with a one-line error
+      (config_shim.refuse_unsupported_engine), then register
       (once per process) the Prometheus collector that puts the workers' statistics
       on /metrics (vllm_echo.plugin.metrics) under the config's ``instance_id``.
    Why: the collector must live in the API-server process and know the engine's
@@ -145,9 +147,10 @@ def patch_create_engine_config() -> None:
     @functools.wraps(original)
     def create_engine_config(self, *args, **kwargs):
         vllm_config = original(self, *args, **kwargs)
-        from vllm_echo.plugin import metrics
+        from vllm_echo.plugin import config_shim, metrics
 
         if metrics.uses_plugin(vllm_config):
+            config_shim.refuse_unsupported_engine(vllm_config)
             metrics.install_collector(vllm_config)
         return vllm_config
 
