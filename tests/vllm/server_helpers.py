@@ -55,10 +55,11 @@ class Server:
 def openai_server(model: str, speculative_config: dict | None = None, *extra: str,
                   max_model_len: int = 2048, kv_cache_bytes: int = 256 * 2**20,
                   timeout_s: float = 300):
-    """Yield a ``Server`` started as ``vllm serve`` would be (the CPU wheel has no
-    working ``vllm`` CLI, so the same entry module is run directly)."""
+    """Yield a ``Server`` started with ``vllm serve MODEL ...``, the command users run
+    (on CPU it works once scripts/register_vllm_cli.py has run, as bootstrap does)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+    vllm_cli = os.path.join(os.path.dirname(sys.executable), "vllm")
+    cmd = [vllm_cli, "serve", model,
            "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
            "--enforce-eager", "--max-model-len", str(max_model_len), "--seed", "0",
            "--kv-cache-memory-bytes", str(kv_cache_bytes), *extra]
