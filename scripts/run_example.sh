@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job on a fresh machine: set everything up, then run offline generation with
-# LogitSpec vs no speculation on the embedded model. Arguments go to the example.
+# The first run on a fresh machine: set everything up, then compare no speculation,
+# ngram, logitspec and echo on the embedded model. Arguments go to the example.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
