@@ -70,3 +70,19 @@ def test_ray_executor_greedy_identical():
     got = _generate(model, {"method": "echo", "max_ngram": 2},
                     distributed_executor_backend="ray", tensor_parallel_size=tp)
     assert got == _generate(model, None)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 3,
+                    reason="SmolLM2-135M's 9 attention heads split over 3 GPUs (not 2)")
+@pytest.mark.parametrize("spec", [{"method": "logitspec", "capacity": 32}, {"method": "echo"}])
+def test_cuda_trees_under_tensor_parallel(spec, monkeypatch):
+    """Every TP rank verifies rank 0's trees (vllm_echo/plugin/tp_drafts.py): FLEX_ATTENTION
+    trees at TP=3 keep greedy text identical to no speculation on one GPU."""
+    from vllm_echo.models import default_model_path
+
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(function)
+    model = default_model_path()
+    flex = dict(attention_backend="FLEX_ATTENTION", enforce_eager=True)
+    got, stats = _generate(model, spec, with_stats=True, tensor_parallel_size=3, **flex)
+    assert got == _generate(model, None, **flex)
+    assert not stats["failures"], stats["failures"]

@@ -15,7 +15,7 @@ def test_state_is_freed_across_2000_requests(model_path):
     prompts = [TokensPrompt(prompt_token_ids=(rng.integers(100, 120, 6).tolist() * 2))
                for _ in range(2000)]
     max_num_seqs = 128
-    with engine(model_path, {"method": "logitspec", "num_speculative_tokens": 3},
+    with engine(model_path, {"method": "logitspec", "tree": True, "num_speculative_tokens": 3},
                 max_num_seqs=max_num_seqs) as llm:
         outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4,
                                                     ignore_eos=True), use_tqdm=False)

@@ -105,5 +105,8 @@ def test_sampled_requests_in_a_mixed_batch(model_path, spec_bench_16, spec):
         # batch and on what the planner has learned, so its seeded samples are exact
         # in distribution but not reproducible across calls (README, "Sampling").
         assert again == got
-    assert stats["drafts_tree"] > 0 and stats["accepted_tree"] > 0, stats
+    # ECHO picks trees or root-path chains per request and step; either one speculated.
+    sources = ("tree",) if spec is TREE else ("tree", "chain")
+    assert sum(stats[f"drafts_{s}"] for s in sources) > 0, stats
+    assert sum(stats[f"accepted_{s}"] for s in sources) > 0, stats
     assert not stats["failures"], stats["failures"]

@@ -88,16 +88,18 @@ class EchoProposer(LogitSpecProposer):
         out: list[list[int]] = []
         for i, ((tokens, parents), plan) in enumerate(zip(drafts, plans)):
             req_id = req_ids[i]
-            is_chain = np.array_equal(parents, np.arange(-1, len(parents) - 1))
-            if tree_mode[i] and len(tokens) and not is_chain:
+            is_tree = tree_mode[i] and len(tokens) and not np.array_equal(
+                parents, np.arange(-1, len(parents) - 1))
+            if is_tree:
                 tree_state.TREES[req_id] = tree_state.TreeDraft(tokens, parents)
             else:
                 tree_state.TREES.pop(req_id, None)
             if plan is not None:
                 self._plans[req_id] = plan
                 if len(tokens):
-                    self.stats.drafts["tree"] += 1
-                    self.stats.tokens["tree"] += len(tokens)
+                    source = "tree" if is_tree else "chain"
+                    self.stats.drafts[source] += 1
+                    self.stats.tokens[source] += len(tokens)
             out.append(tokens.tolist())
         self.stats.peak_tracked_requests = max(self.stats.peak_tracked_requests,
                                                len(self._states))
@@ -114,12 +116,14 @@ class EchoProposer(LogitSpecProposer):
             if plan is None or not sampled:
                 continue
             accepted = len(sampled) - 1
+            source = "tree"
             if path is None:  # verified by vLLM as a chain: the first nodes, in order
+                source = "chain"
                 path = list(range(accepted))
                 if np.any(plan.parents[:accepted] != np.arange(-1, accepted - 1)):
                     continue  # not a root path: nothing reliable to learn from
             if accepted:
-                self.stats.accepted["tree"] += accepted
+                self.stats.accepted[source] += accepted
             verdicts.append((plan, path, int(sampled[-1])))
         self.planner.observe(verdicts)
 

@@ -29,12 +29,14 @@ logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and l
 
 
 SOURCE_TREE = 3
+SOURCE_CHAIN = 4  # ECHO: a root path its planner chose, verified natively as a chain
 # Drafting is cooperative-timed: once a step's drafting has taken this long, the
 # requests not drafted yet go without drafts this step (counted as a failure of
 # kind "propose:TimeoutError", logged once). Normal drafting takes well under 10 ms
 # even at batch 64 with 8k contexts (benchmarks/micro_proposer.py).
 PROPOSE_DEADLINE_S = 0.1
-_SOURCE_NAMES = {SOURCE_RETRIEVAL: "retrieval", SOURCE_LOGITS: "logits", SOURCE_TREE: "tree"}
+_SOURCE_NAMES = {SOURCE_RETRIEVAL: "retrieval", SOURCE_LOGITS: "logits", SOURCE_TREE: "tree",
+                 SOURCE_CHAIN: "chain"}
 
 
 @dataclass
@@ -43,8 +45,9 @@ class DraftStats:
 
     Drafts are counted by source: "retrieval" (chain from the m-gram index),
     "logits" (chain led by a next-next candidate: the index found nothing),
-    "tree" (a forest verified as a tree). Accepted tokens are attributed to the
-    source of the draft they came from.
+    "tree" (a forest verified as a tree), "chain" (ECHO: a root path of the forest,
+    verified natively). Accepted tokens are attributed to the source of the draft
+    they came from.
     """
 
     steps: int = 0
