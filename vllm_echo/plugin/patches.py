@@ -9,9 +9,10 @@ are listed after the patches.
 
 Drift (a later vLLM whose internals differ) degrades, it never crashes: the
 proposer's ``load_model`` probes every runner hook point's signature and the
-attributes its hook reads (runner_hooks.probe_runner, tree_support.check_model,
-flex_tree_attention.install_flex_tree_mask) and leaves out what does not match,
-with one log line and a counted failure ``hook <name>:HookDrift``; the wrappers
+attributes its hook reads (runner_hooks.probe_runner; for trees also
+tree_support.check_model and flex_tree_attention.install_flex_tree_mask) and
+leaves out what does not match, with one log line (for the runner hooks also a
+counted failure ``hook <name>:unavailable`` in the proposer's stats); the wrappers
 pass ``*args, **kwargs`` through, find their arguments by name, and switch
 themselves off (same log line and counter) on a call they do not understand.
 
@@ -158,7 +159,7 @@ themselves off (same log line and counter) on a call they do not understand.
    Upstream: gpu_model_runner.py:5073 and cpu_model_runner.py:76
       (``self.drafter.load_model(self.model)`` inside the runner's load_model).
    Drift: if no runner is found the proposer drafts nothing (no speculation), with
-      one log line and the counted failure ``hook model runner:HookDrift``.
+      one log line and the counted failure ``hook model runner:unavailable``.
    Remove when: the contract hands the runner (or request ids and logits) to the
       proposer, e.g. ``load_model(model, runner)``.
 

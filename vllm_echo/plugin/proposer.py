@@ -143,12 +143,12 @@ class LogitSpecProposer:
             self.tree_enabled = False
             self._timer = None
         if self.tree_enabled or self._timer is not None:
-            install_prepare_hook(self._runner, self._log_failure, self._timer,
-                                 on_drift=self._hook_drifted)
+            install_prepare_hook(self._runner, self._log_failure, self._hook_drifted,
+                                 self._timer)
         if "_sample" not in problems:
             install_sample_hook(self._runner, self._last_logits, self._log_failure,
-                                compact=tree_support.compactor() if self.tree_enabled else None,
-                                on_drift=self._hook_drifted)
+                                self._hook_drifted,
+                                compact=tree_support.compactor() if self.tree_enabled else None)
         self._warm_up()
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
@@ -285,14 +285,17 @@ class LogitSpecProposer:
                        where, type(exc).__name__, exc, exc_info=exc)
 
     def _hook_unavailable(self, hook: str, reason: str, consequence: str) -> None:
-        """One log line (and one counted failure) for a hook point vLLM changed."""
-        kind = f"hook {hook}:HookDrift"
+        """One log line (and one counted failure) for a hook point vLLM changed,
+        found at start-up or by the hook itself at run time."""
+        kind = f"hook {hook}:unavailable"
         self.failures[kind] = self.failures.get(kind, 0) + 1
         self._log_once(kind, "vllm-echo: cannot hook vLLM's %s (%s); running in %s.",
                        hook, reason, consequence)
 
-    def _hook_drifted(self, hook: str) -> None:
+    def _hook_drifted(self, hook: str, reason: str) -> None:
         """A hook found a call it does not understand and switched itself off."""
+        self._hook_unavailable(hook, reason, "chain mode" if hook == "_prepare_inputs"
+                               else "chain mode without next-next candidates")
         self.tree_enabled = False
         tree_state.TREES.clear()
 

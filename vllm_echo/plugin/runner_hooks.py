@@ -44,10 +44,6 @@ SAMPLE_PARAMS = ("logits", "spec_decode_metadata")
 PREPARE_PARAMS = ("scheduler_output", "num_scheduled_tokens")
 
 
-class HookDrift(RuntimeError):
-    """A vLLM hook point no longer looks the way the wrapper was written for."""
-
-
 def signature_drift(method: Any, params: tuple[str, ...]) -> str | None:
     """Why ``method`` cannot be wrapped as one taking ``params`` (None: it can).
 
@@ -229,8 +225,8 @@ def _no_drafts_in_step(metadata: Any, input_batch: Any) -> bool:
 
 def install_sample_hook(runner: Any, sink: LastLogitsTopK,
                         on_error: Callable[[str, BaseException], None],
-                        compact: Callable | None = None,
-                        on_drift: Callable[[str], None] | None = None) -> None:
+                        on_drift: Callable[[str, str], None],
+                        compact: Callable | None = None) -> None:
     """Wrap ``runner._sample`` (instance attribute): tree verdicts, then top-k capture.
 
     With ``compact`` (tree mode), the step's tree requests get their greedy tree
@@ -243,8 +239,9 @@ def install_sample_hook(runner: Any, sink: LastLogitsTopK,
     which no request has a draft is sampled by the plain sampler (_no_drafts_in_step).
 
     A call whose arguments cannot be found by name runs the original unchanged and
-    switches the hook off for good (``on_drift("_sample")``: no trees, no next-next
-    candidates); tree requests already prepared for that step accept no draft.
+    switches the hook off for good (``on_drift("_sample", reason)``: no trees, no
+    next-next candidates); tree requests already prepared for that step accept no
+    draft.
     """
     import torch
 
@@ -263,10 +260,7 @@ def install_sample_hook(runner: Any, sink: LastLogitsTopK,
             output = original(*args, **kwargs)
             if active[0]:
                 active[0] = False
-                on_error("_sample hook", HookDrift(
-                    f"cannot find {SAMPLE_PARAMS} in the call; hook switched off"))
-                if on_drift is not None:
-                    on_drift("_sample")
+                on_drift("_sample", f"a call without {SAMPLE_PARAMS}")
             accept_no_tree_drafts(output, on_error)
             return output
         logits, spec_decode_metadata = found

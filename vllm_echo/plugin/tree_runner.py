@@ -47,13 +47,14 @@ def tree_unsafe_reason(params: Any) -> str | None:
 
 
 def install_prepare_hook(runner: Any, on_error: Callable[[str, BaseException], None],
-                         timer: Any = None, on_drift: Callable[[str], None] | None = None) -> None:
+                         on_drift: Callable[[str, str], None], timer: Any = None) -> None:
     """``timer`` (runner_hooks.StepTimer) starts timing decode steps here.
 
     A call whose arguments cannot be found by name runs the original unchanged and
-    switches the hook off for good (``on_drift("_prepare_inputs")``: chain mode).
+    switches the hook off for good (``on_drift("_prepare_inputs", reason)``: chain
+    mode).
     """
-    from vllm_echo.plugin.runner_hooks import PREPARE_PARAMS, HookDrift, bound_arguments
+    from vllm_echo.plugin.runner_hooks import PREPARE_PARAMS, bound_arguments
 
     if getattr(runner, "_vllm_echo_prepare_wrapped", False):
         return
@@ -68,10 +69,7 @@ def install_prepare_hook(runner: Any, on_error: Callable[[str, BaseException], N
         if found is None:
             if active[0]:
                 active[0] = False
-                on_error("_prepare_inputs hook", HookDrift(
-                    f"cannot find {PREPARE_PARAMS} in the call; hook switched off"))
-                if on_drift is not None:
-                    on_drift("_prepare_inputs")
+                on_drift("_prepare_inputs", f"a call without {PREPARE_PARAMS}")
             if timer is not None:
                 timer.skip()
             return result
@@ -224,7 +222,6 @@ def verify_step_trees(logits: torch.Tensor, metadata: Any, sampled: torch.Tensor
         except Exception as exc:
             on_error("tree verification", exc)
             _set_row(sampled, tree.req_idx, [int(sampled[tree.req_idx, 0])])
-            last_rows.pop(tree.req_idx, None)
             if tree_state.RECORD_PATHS:
                 tree_state.LAST_PATHS[tree.req_id] = []
         offset += tree.num_rows
