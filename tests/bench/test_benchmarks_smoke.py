@@ -26,7 +26,7 @@ def run_smoke(script: str, *args: str, timeout: float) -> subprocess.CompletedPr
 
 
 def test_offline_smoke(tmp_path: Path) -> None:
-    run_smoke("offline.py", "--out", str(tmp_path), timeout=600)
+    run_smoke("offline.py", "--out", str(tmp_path), timeout=900)
     report = json.loads((tmp_path / "results.json").read_text())
     assert {"environment", "results", "methods", "max_tokens"} <= report.keys()
     assert {"vllm", "cpu", "dtype", "git"} <= report["environment"].keys()
