@@ -63,7 +63,8 @@ METHODS: dict[str, dict | None] = {
 # Python packages a method needs in addition to vLLM.
 REQUIRES = {"suffix": "arctic_inference"}
 
-SMOKE = dict(num_prompts=2, batch_sizes=[1], max_tokens=16, methods=["none", "logitspec"])
+SMOKE = dict(num_prompts=2, batch_sizes=[1], max_tokens=16,
+             methods=["none", "logitspec", "echo"])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -158,7 +158,9 @@ def run(job: dict) -> dict:
 
     try:
         llm = _build_llm(job)
-    except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+    except Exception as exc:
+        if not _config_rejected(exc):
+            raise  # any other failure is an error of the method, not its absence
         return {"status": "unavailable", "reason": _short_reason(exc)}
 
     drafter = llm.collective_rpc(_wrap_propose)[0] if job["speculative_config"] else None
@@ -224,6 +226,19 @@ def run(job: dict) -> dict:
         "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
         "token_ids": gen["token_ids"],
     }
+
+
+def _config_rejected(exc: BaseException) -> bool:
+    """True when the speculative config itself was refused: by the plugin (a key it
+    does not have yet, e.g. an ablation) or by vLLM's SpeculativeConfig (a method
+    this vLLM does not know). Other errors while building the engine are failures."""
+    from pydantic import ValidationError
+
+    from vllm_echo.config import SpeculativeConfigError
+
+    if isinstance(exc, SpeculativeConfigError):
+        return True
+    return isinstance(exc, ValidationError) and exc.title == "SpeculativeConfig"
 
 
 def _short_reason(exc: BaseException) -> str:

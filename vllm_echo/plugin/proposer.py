@@ -21,7 +21,8 @@ from vllm_echo.plugin import tree_state, tree_support
 from vllm_echo.plugin.config_shim import settings_from_vllm_config
 from vllm_echo.plugin.sampler_fixes import install_sampler_fixes
 from vllm_echo.plugin.metrics import publish_worker_stats
-from vllm_echo.plugin.runner_hooks import LastLogitsTopK, find_runner, install_sample_hook
+from vllm_echo.plugin.runner_hooks import (LastLogitsTopK, find_runner, install_sample_hook,
+                                          probe_runner)
 from vllm_echo.plugin.tp_drafts import RankZeroDrafts, tensor_parallel_group
 from vllm_echo.plugin.tree_runner import install_prepare_hook, tree_unsafe_reason
 
@@ -93,6 +94,7 @@ class LogitSpecProposer:
         self._states: dict[str, _RequestState] = {}
         self._last_logits = LastLogitsTopK(self.settings.topk)
         self._runner: Any = None
+        self._no_spec: str | None = None  # why load_model found nothing to draft with
         self._failures_logged: set[str] = set()
         self.failures: dict[str, int] = {}  # kind of failure -> how often (logged once each)
         self.stats = DraftStats()
@@ -112,7 +114,17 @@ class LogitSpecProposer:
     # -- vLLM contract -------------------------------------------------------------
 
     def load_model(self, model: Any) -> None:  # mandatory on CPU (called without hasattr)
-        self._runner = find_runner()
+        try:
+            self._runner = find_runner()
+        except Exception as exc:
+            self._no_spec = str(exc)
+            self._hook_unavailable("model runner", self._no_spec, "no speculation")
+            return
+        problems = probe_runner(self._runner, flex=tree_support.compacts_by_slot())
+        if "runner state" in problems:
+            self._no_spec = problems["runner state"]
+            self._hook_unavailable("runner state", self._no_spec, "no speculation")
+            return
         try:
             group = tensor_parallel_group(self._vllm_config)
             if group is not None:
@@ -122,15 +134,31 @@ class LogitSpecProposer:
             self.tree_enabled = False
         if self.tree_enabled:
             self.tree_enabled = tree_support.check_model(model)
+        # Trees need both hooks; without _sample there are no next-next candidates
+        # either, but retrieval chains still work.
+        if "_sample" in problems:
+            self._hook_unavailable("_sample", problems["_sample"],
+                                   "chain mode without next-next candidates")
+            self.tree_enabled = False
+        if "_prepare_inputs" in problems:
+            self._hook_unavailable("_prepare_inputs", problems["_prepare_inputs"],
+                                   "chain mode, no step timing")
+            self.tree_enabled = False
+            self._timer = None
         if self.tree_enabled or self._timer is not None:
-            install_prepare_hook(self._runner, self._log_failure, self._timer)
-        install_sample_hook(self._runner, self._last_logits, self._log_failure,
-                            compact=tree_support.compactor() if self.tree_enabled else None)
+            install_prepare_hook(self._runner, self._log_failure, self._hook_drifted,
+                                 self._timer)
+        if "_sample" not in problems:
+            install_sample_hook(self._runner, self._last_logits, self._log_failure,
+                                self._hook_drifted,
+                                compact=tree_support.compactor() if self.tree_enabled else None)
         self._warm_up()
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings: Any = None) -> list[list[int]]:
         num_reqs = len(sampled_token_ids)
+        if self._no_spec is not None:  # the runner is not what we know: draft nothing
+            return [[] for _ in range(num_reqs)]
         drafts: list[list[int]] | None = None
         try:
             if self._rank_zero is None or self._rank_zero.leads:
@@ -258,6 +286,21 @@ class LogitSpecProposer:
                        "vllm-echo: %s failed (%s: %s); the affected requests fall back to "
                        "safe verification for this step. Logged once per kind of failure.",
                        where, type(exc).__name__, exc, exc_info=exc)
+
+    def _hook_unavailable(self, hook: str, reason: str, consequence: str) -> None:
+        """One log line (and one counted failure) for a hook point vLLM changed,
+        found at start-up or by the hook itself at run time."""
+        kind = f"hook {hook}:unavailable"
+        self.failures[kind] = self.failures.get(kind, 0) + 1
+        self._log_once(kind, "vllm-echo: cannot hook vLLM's %s (%s); running in %s.",
+                       hook, reason, consequence)
+
+    def _hook_drifted(self, hook: str, reason: str) -> None:
+        """A hook found a call it does not understand and switched itself off."""
+        self._hook_unavailable(hook, reason, "chain mode" if hook == "_prepare_inputs"
+                               else "chain mode without next-next candidates")
+        self.tree_enabled = False
+        tree_state.TREES.clear()
 
     def _log_once(self, kind: str, msg: str, *args, **kwargs) -> None:
         if kind not in self._failures_logged:

@@ -8,10 +8,11 @@ requests, and ``_sample`` sees the target's logits. See patches.py for the list.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -36,6 +37,88 @@ def find_runner() -> Any:
     raise RuntimeError(
         "vllm-echo: the proposer's load_model() was not called by a vLLM model runner; "
         "cannot reach the batch's request ids and logits")
+
+
+# The parameters each wrapper reads, by name, as vLLM 0.32 declares them.
+SAMPLE_PARAMS = ("logits", "spec_decode_metadata")
+PREPARE_PARAMS = ("scheduler_output", "num_scheduled_tokens")
+
+
+def signature_drift(method: Any, params: tuple[str, ...]) -> str | None:
+    """Why ``method`` cannot be wrapped as one taking ``params`` (None: it can).
+
+    The wrapper finds its arguments by these names; parameters vLLM adds later are
+    passed through, as long as they have defaults (else vLLM passes something the
+    wrapper knows nothing about).
+    """
+    if not callable(method):
+        return "missing"
+    try:
+        signature = inspect.signature(method)
+    except (TypeError, ValueError) as exc:
+        return f"no signature ({exc})"
+    names = tuple(signature.parameters)
+    if names[:len(params)] != params:
+        return f"signature {signature} does not start with {params}"
+    required = [p.name for p in list(signature.parameters.values())[len(params):]
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if required:
+        return f"signature {signature} has new required parameters {required}"
+    return None
+
+
+def missing_attributes(root: Any, paths: Iterable[str]) -> list[str]:
+    """The dotted attribute paths (``"input_batch.req_ids"``) that ``root`` lacks."""
+    missing = []
+    for path in paths:
+        obj = root
+        try:
+            for name in path.split("."):
+                obj = obj[int(name)] if name.isdigit() else getattr(obj, name)
+        except Exception:
+            missing.append(path)
+    return missing
+
+
+# Private runner attributes the plugin reads (patches.py lists them all).
+RUNNER_STATE_ATTRIBUTES = ("input_batch.req_ids", "input_batch.req_id_to_index", "requests")
+SAMPLE_ATTRIBUTES = ("sampler", "input_batch.sampling_metadata",
+                     "input_batch.update_async_output_token_ids")
+PREPARE_ATTRIBUTES = ("positions", "query_start_loc.np", "input_batch.num_computed_tokens_cpu")
+FLEX_PREPARE_ATTRIBUTES = ("input_batch.block_table.0.slot_mapping.gpu",)
+
+
+def probe_runner(runner: Any, flex: bool = False) -> dict[str, str]:
+    """Why the proposer cannot use each hook point of ``runner``: keys "runner state"
+    (request ids; without them nothing can be drafted), "_sample" and
+    "_prepare_inputs". Empty when vLLM looks as the hooks expect."""
+    problems = {}
+    missing = missing_attributes(runner, RUNNER_STATE_ATTRIBUTES)
+    if missing:
+        problems["runner state"] = f"runner has no {', '.join(missing)}"
+    for hook, params, attributes in (
+            ("_sample", SAMPLE_PARAMS, SAMPLE_ATTRIBUTES),
+            ("_prepare_inputs", PREPARE_PARAMS,
+             PREPARE_ATTRIBUTES + (FLEX_PREPARE_ATTRIBUTES if flex else ()))):
+        reason = signature_drift(getattr(runner, hook, None), params)
+        missing = missing_attributes(runner, attributes)
+        if reason is None and missing:
+            reason = f"runner has no {', '.join(missing)}"
+        if reason is not None:
+            problems[hook] = reason
+    return problems
+
+
+def bound_arguments(signature: inspect.Signature, args: tuple, kwargs: dict,
+                    params: tuple[str, ...]) -> tuple | None:
+    """The values of ``params`` in a call, or None when the call does not have them."""
+    try:
+        arguments = signature.bind(*args, **kwargs).arguments
+    except TypeError:
+        return None
+    if any(p not in arguments for p in params):
+        return None
+    return tuple(arguments[p] for p in params)
 
 
 class LastLogitsTopK:
@@ -142,6 +225,7 @@ def _no_drafts_in_step(metadata: Any, input_batch: Any) -> bool:
 
 def install_sample_hook(runner: Any, sink: LastLogitsTopK,
                         on_error: Callable[[str, BaseException], None],
+                        on_drift: Callable[[str, str], None],
                         compact: Callable | None = None) -> None:
     """Wrap ``runner._sample`` (instance attribute): tree verdicts, then top-k capture.
 
@@ -153,37 +237,65 @@ def install_sample_hook(runner: Any, sink: LastLogitsTopK,
     post grammar bitmask). For a chain, that row is (bonus row - num_draft_tokens[i])
     + num_generated[i] - 1; for a tree, the row of its last accepted node. A step in
     which no request has a draft is sampled by the plain sampler (_no_drafts_in_step).
+
+    A call whose arguments cannot be found by name runs the original unchanged and
+    switches the hook off for good (``on_drift("_sample", reason)``: no trees, no
+    next-next candidates); tree requests already prepared for that step accept no
+    draft.
     """
     import torch
+
+    from vllm_echo.plugin.tree_runner import accept_no_tree_drafts, verify_step_trees
 
     if getattr(runner, "_vllm_echo_sample_wrapped", False):
         return
     original = runner._sample
+    signature = inspect.signature(original)
+    active = [True]
 
-    def _sample(logits, spec_decode_metadata):
+    def _sample(*args, **kwargs):
         sink.release()
-        if spec_decode_metadata is not None and _no_drafts_in_step(spec_decode_metadata,
-                                                                   runner.input_batch):
-            # vLLM builds spec metadata for every step once speculation is on; with no
-            # draft anywhere the rejection sampler's result is its bonus sample, taken
-            # here by the same call minus the full-vocabulary logprobs it would compute
-            # and discard (rejection_sampler.py:141-160), and minus empty kernels.
-            runner.input_batch.update_async_output_token_ids()
-            output = runner.sampler(
-                logits=logits[spec_decode_metadata.bonus_logits_indices],  # a copy: raw stays raw
-                sampling_metadata=runner.input_batch.sampling_metadata,
-                predict_bonus_token=True)
-        else:
-            output = original(logits, spec_decode_metadata)
+        found = bound_arguments(signature, args, kwargs, SAMPLE_PARAMS) if active[0] else None
+        if found is None:
+            output = original(*args, **kwargs)
+            if active[0]:
+                active[0] = False
+                on_drift("_sample", f"a call without {SAMPLE_PARAMS}")
+            accept_no_tree_drafts(output, on_error)
+            return output
+        logits, spec_decode_metadata = found
+        output = None
+        try:
+            if spec_decode_metadata is not None and _no_drafts_in_step(spec_decode_metadata,
+                                                                       runner.input_batch):
+                # vLLM builds spec metadata for every step once speculation is on; with
+                # no draft anywhere the rejection sampler's result is its bonus sample,
+                # taken here by the same call minus the full-vocabulary logprobs it would
+                # compute and discard (rejection_sampler.py:141-160), and minus empty
+                # kernels.
+                runner.input_batch.update_async_output_token_ids()
+                output = runner.sampler(
+                    logits=logits[spec_decode_metadata.bonus_logits_indices],  # a copy
+                    sampling_metadata=runner.input_batch.sampling_metadata,
+                    predict_bonus_token=True)
+        except Exception as exc:  # vLLM changed: its own sampling is always right
+            on_error("draft-less sampling", exc)
+            output = None
+        if output is None:
+            output = original(*args, **kwargs)
         if logits is None or spec_decode_metadata is None:
             return output
         last_rows: dict[int, int] = {}
         if compact is not None:
-            from vllm_echo.plugin.tree_runner import verify_step_trees
-
-            last_rows = verify_step_trees(logits, spec_decode_metadata,
-                                          output.sampled_token_ids, compact, on_error,
-                                          runner.input_batch.sampling_metadata)
+            try:
+                sampling = runner.input_batch.sampling_metadata
+            except Exception as exc:  # without it sampled trees cannot be verified
+                on_error("tree verification", exc)
+                accept_no_tree_drafts(output, on_error)
+            else:
+                last_rows = verify_step_trees(logits, spec_decode_metadata,
+                                              output.sampled_token_ids, compact, on_error,
+                                              sampling)
         try:
             sampled = output.sampled_token_ids
             num_generated = (sampled != -1).sum(dim=1).clamp_(min=1)
@@ -199,3 +311,4 @@ def install_sample_hook(runner: Any, sink: LastLogitsTopK,
 
     runner._sample = _sample
     runner._vllm_echo_sample_wrapped = True
+

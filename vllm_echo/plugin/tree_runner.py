@@ -13,6 +13,7 @@ Installed on the runner instance that owns our proposer (see patches.py):
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 import numpy as np
@@ -46,35 +47,44 @@ def tree_unsafe_reason(params: Any) -> str | None:
 
 
 def install_prepare_hook(runner: Any, on_error: Callable[[str, BaseException], None],
-                         timer: Any = None) -> None:
-    """``timer`` (runner_hooks.StepTimer) starts timing decode steps here."""
+                         on_drift: Callable[[str, str], None], timer: Any = None) -> None:
+    """``timer`` (runner_hooks.StepTimer) starts timing decode steps here.
+
+    A call whose arguments cannot be found by name runs the original unchanged and
+    switches the hook off for good (``on_drift("_prepare_inputs", reason)``: chain
+    mode).
+    """
+    from vllm_echo.plugin.runner_hooks import PREPARE_PARAMS, bound_arguments
+
     if getattr(runner, "_vllm_echo_prepare_wrapped", False):
         return
     original = runner._prepare_inputs
+    signature = inspect.signature(original)
+    active = [True]
 
-    def _prepare_inputs(scheduler_output, num_scheduled_tokens):
-        result = original(scheduler_output, num_scheduled_tokens)
+    def _prepare_inputs(*args, **kwargs):
+        result = original(*args, **kwargs)
         tree_state.STEP = None
-        if tree_state.TREES and scheduler_output.scheduled_spec_decode_tokens:
-            try:
-                tree_state.STEP = _collect_step(runner, scheduler_output)
-            except Exception as exc:  # degrade to vLLM's chain semantics
-                tree_state.STEP = None
-                _restore_positions(runner, num_scheduled_tokens)
-                on_error("tree step preparation", exc)
+        found = bound_arguments(signature, args, kwargs, PREPARE_PARAMS) if active[0] else None
+        if found is None:
+            if active[0]:
+                active[0] = False
+                on_drift("_prepare_inputs", f"a call without {PREPARE_PARAMS}")
+            if timer is not None:
+                timer.skip()
+            return result
+        scheduler_output, num_scheduled_tokens = found
+        try:
+            if tree_state.TREES and scheduler_output.scheduled_spec_decode_tokens:
+                tree_state.STEP = _prepare_step(runner, scheduler_output, on_error)
+        except Exception as exc:  # nothing written yet: vLLM's chain semantics hold
+            tree_state.STEP = None
+            on_error("tree step preparation", exc)
         if timer is not None:
-            num_drafts = sum(map(len, scheduler_output.scheduled_spec_decode_tokens.values()))
-            total = scheduler_output.total_num_scheduled_tokens
-            # Only decode steps (each request runs its last token and its drafts) are
-            # timed: the model's N is what drafting adds to. Prefill steps (hundreds of
-            # tokens) would decide the fit and price a draft token by the prompt's: at
-            # batch 1 in fp32 a line through them priced one at ~3.8% of a step, while
-            # 4 drafts cost 1.07x a plain step (../shared/docs/baselines.md).
-            if total == len(scheduler_output.num_scheduled_tokens) + num_drafts:
-                step = tree_state.STEP
-                timer.started(int(total), len(step.trees) if step is not None else 0,
-                              num_drafts > 0)
-            else:
+            try:
+                _time_step(timer, scheduler_output)
+            except Exception as exc:
+                on_error("step timing", exc)
                 timer.skip()
         return result
 
@@ -82,10 +92,44 @@ def install_prepare_hook(runner: Any, on_error: Callable[[str, BaseException], N
     runner._vllm_echo_prepare_wrapped = True
 
 
-def _collect_step(runner: Any, scheduler_output: Any) -> tree_state.StepTrees | None:
+def _time_step(timer: Any, scheduler_output: Any) -> None:
+    num_drafts = sum(map(len, scheduler_output.scheduled_spec_decode_tokens.values()))
+    total = scheduler_output.total_num_scheduled_tokens
+    # Only decode steps (each request runs its last token and its drafts) are
+    # timed: the model's N is what drafting adds to. Prefill steps (hundreds of
+    # tokens) would decide the fit and price a draft token by the prompt's: at
+    # batch 1 in fp32 a line through them priced one at ~3.8% of a step, while
+    # 4 drafts cost 1.07x a plain step (../shared/docs/baselines.md).
+    if total == len(scheduler_output.num_scheduled_tokens) + num_drafts:
+        step = tree_state.STEP
+        timer.started(int(total), len(step.trees) if step is not None else 0, num_drafts > 0)
+    else:
+        timer.skip()
+
+
+def _prepare_step(runner: Any, scheduler_output: Any,
+                  on_error: Callable[[str, BaseException], None]) -> tree_state.StepTrees | None:
+    """Collect the step's trees (reads only), then write their RoPE positions. If a
+    write fails, positions may be half written: the step is marked failed, so its
+    tree requests accept no draft (the root row's position is the same either way)."""
+    step, positions = _collect_step(runner, scheduler_output)
+    if step is None:
+        return None
+    try:
+        for tree, tree_positions in zip(step.trees, positions):
+            qs = tree.query_start
+            runner.positions[qs:qs + tree.num_rows] = tree_positions.to(runner.positions.device)
+    except Exception as exc:
+        on_error("tree positions", exc)
+        step.failed = True
+    return step
+
+
+def _collect_step(runner: Any, scheduler_output: Any) -> tuple[tree_state.StepTrees | None, list]:
     batch = runner.input_batch
     query_start = runner.query_start_loc.np
-    trees, all_rows = [], []
+    device = runner.positions.device
+    trees, all_rows, positions = [], [], []
     for req_id, scheduled in scheduler_output.scheduled_spec_decode_tokens.items():
         draft = tree_state.TREES.get(req_id)
         if draft is None:
@@ -95,28 +139,17 @@ def _collect_step(runner: Any, scheduler_output: Any) -> tree_state.StepTrees | 
                                     int(batch.num_computed_tokens_cpu[i]), draft, scheduled)
         if rows is None:
             continue
-        positions = torch.from_numpy(tree_state.positions_of(rows))
-        qs = rows.query_start
-        runner.positions[qs:qs + rows.num_rows] = positions.to(runner.positions.device)
+        positions.append(torch.from_numpy(tree_state.positions_of(rows)))
         trees.append(rows)
-        all_rows.append(np.arange(qs, qs + rows.num_rows))
+        all_rows.append(np.arange(rows.query_start, rows.query_start + rows.num_rows))
     if not trees:
-        return None
-    rows = torch.from_numpy(np.concatenate(all_rows)).to(runner.positions.device)
+        return None, []
+    rows = torch.from_numpy(np.concatenate(all_rows)).to(device)
     step = tree_state.StepTrees(trees, rows)
     if tree_support.compacts_by_slot():  # slot mapping is computed in the original
         step.slots = batch.block_table[0].slot_mapping.gpu[rows]
         step.kv_caches = tree_support.kv_caches()
-    return step
-
-
-def _restore_positions(runner: Any, num_scheduled_tokens: np.ndarray) -> None:
-    """Undo partial position overrides: plain num_computed + query position."""
-    batch = runner.input_batch
-    n = len(num_scheduled_tokens)
-    starts = np.repeat(batch.num_computed_tokens_cpu[:n], num_scheduled_tokens)
-    offsets = np.concatenate([np.arange(k) for k in num_scheduled_tokens])
-    runner.positions[:len(starts)] = torch.from_numpy(starts + offsets).to(runner.positions.device)
+    return step, positions
 
 
 def _target_probs(rows: torch.Tensor, sampling: Any, req_idx: int) -> np.ndarray:
@@ -140,9 +173,30 @@ def _request_rng(sampling: Any, req_idx: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
+def accept_no_tree_drafts(output: Any, on_error: Callable[[str, BaseException], None]) -> None:
+    """End the step's trees with no draft accepted: each tree request's row becomes
+    vLLM's own sample of its root row, which tree attention and positions computed
+    exactly as a chain's (the root sees the context and itself, at the base position)."""
+    step = tree_state.STEP
+    tree_state.STEP = None
+    if step is None:
+        return
+    try:
+        sampled = output.sampled_token_ids
+        for tree in step.trees:
+            _set_row(sampled, tree.req_idx, [int(sampled[tree.req_idx, 0])])
+    except Exception as exc:  # the output is not vLLM's as we know it: nothing safe is left
+        raise RuntimeError("vllm-echo: cannot undo a prepared tree step") from exc
+
+
+def _set_row(sampled: torch.Tensor, req_idx: int, row: list[int]) -> None:
+    sampled[req_idx].fill_(-1)
+    sampled[req_idx, :len(row)] = torch.tensor(row, dtype=sampled.dtype)
+
+
 def verify_step_trees(logits: torch.Tensor, metadata: Any, sampled: torch.Tensor,
                       compact: Callable, on_error: Callable[[str, BaseException], None],
-                      sampling: Any = None) -> dict[int, int]:
+                      sampling: Any) -> dict[int, int]:
     """Apply tree verification to the step's tree requests (in place).
 
     Greedy requests accept the longest path matching the target's argmax; sampled
@@ -151,9 +205,9 @@ def verify_step_trees(logits: torch.Tensor, metadata: Any, sampled: torch.Tensor
 
     Returns, per tree request's batch row, the logits row that produced its last
     token (the bonus), for the next-next capture. Never leaves a wrong row: if
-    verification fails a request accepts no draft (the root row's argmax is the
-    right next token whatever the tree), and if compaction fails it keeps only the
-    accepted nodes that were already in place.
+    verification fails (or the step was marked failed) a request accepts no draft
+    (vLLM's sample of the root row is right whatever the tree), and if compaction
+    fails it keeps only the accepted nodes that were already in place.
     """
     step = tree_state.STEP
     tree_state.STEP = None
@@ -162,48 +216,56 @@ def verify_step_trees(logits: torch.Tensor, metadata: Any, sampled: torch.Tensor
         return last_rows
     offset = 0
     for tree in step.trees:
-        n = len(tree.token_ids)
-        start = int(metadata.bonus_logits_indices[tree.req_idx]) - n
-        argmax = logits[start:start + n + 1].argmax(dim=-1).cpu().numpy()
-        # vLLM marks greedy requests with temperature <= 0 (None when all are greedy)
-        greedy = (sampling is None or sampling.all_greedy
-                  or float(sampling.temperature[tree.req_idx]) <= 0)
         try:
-            if metadata.num_draft_tokens[tree.req_idx] != n:
-                raise RuntimeError(f"{n} tree nodes prepared but "
-                                   f"{metadata.num_draft_tokens[tree.req_idx]} drafts sampled")
-            if greedy:
-                path, next_token = verify_greedy(tree.token_ids, tree.parents, argmax)
-            else:
-                probs = _target_probs(logits[start:start + n + 1], sampling, tree.req_idx)
-                path, next_token = verify_sampling(tree.token_ids, tree.parents, probs,
-                                                   _request_rng(sampling, tree.req_idx))
+            last_rows[tree.req_idx] = _verify_tree(tree, offset, step, logits, metadata, sampled,
+                                                   compact, on_error, sampling)
         except Exception as exc:
             on_error("tree verification", exc)
-            path, next_token = [], None
-            if not greedy:  # no tree verdict: keep vLLM's own sample of the root row
-                next_token = int(sampled[tree.req_idx, 0])
-        try:
-            compact(tree, offset, path, step)
-        except Exception as exc:
-            on_error("KV compaction", exc)
-            in_place = next((k for k, j in enumerate(path) if j != k), len(path))
-            if in_place < len(path):
-                path = path[:in_place]
-                # the verdict's next token belonged to the cut path: resample safely
-                next_token = int(argmax[path[-1] + 1 if path else 0]) if greedy else None
-                if next_token is None:
-                    path, next_token = [], int(sampled[tree.req_idx, 0])
-        tree_state.COUNTERS["tree_verifications"] += 1
-        tree_state.COUNTERS["tree_compactions"] += any(j != k for k, j in enumerate(path))
-        last = path[-1] + 1 if path else 0
-        if next_token is None:
-            next_token = int(argmax[last])
-        row = [int(tree.token_ids[j]) for j in path] + [next_token]
-        sampled[tree.req_idx].fill_(-1)
-        sampled[tree.req_idx, :len(row)] = torch.tensor(row, dtype=sampled.dtype)
-        last_rows[tree.req_idx] = start + last
-        if tree_state.RECORD_PATHS:
-            tree_state.LAST_PATHS[tree.req_id] = path
+            _set_row(sampled, tree.req_idx, [int(sampled[tree.req_idx, 0])])
+            if tree_state.RECORD_PATHS:
+                tree_state.LAST_PATHS[tree.req_id] = []
         offset += tree.num_rows
     return last_rows
+
+
+def _verify_tree(tree: tree_state.TreeRows, offset: int, step: tree_state.StepTrees,
+                 logits: torch.Tensor, metadata: Any, sampled: torch.Tensor, compact: Callable,
+                 on_error: Callable[[str, BaseException], None], sampling: Any) -> int:
+    """Verify one tree request, compact its KV and write its row; returns the logits
+    row of its last token. Raises only before its row is written."""
+    if step.failed:
+        raise RuntimeError("the step's tree preparation or attention failed")
+    n = len(tree.token_ids)
+    if metadata.num_draft_tokens[tree.req_idx] != n:
+        raise RuntimeError(f"{n} tree nodes prepared but "
+                           f"{metadata.num_draft_tokens[tree.req_idx]} drafts sampled")
+    start = int(metadata.bonus_logits_indices[tree.req_idx]) - n
+    argmax = logits[start:start + n + 1].argmax(dim=-1).cpu().numpy()
+    # vLLM marks greedy requests with temperature <= 0
+    greedy = sampling.all_greedy or float(sampling.temperature[tree.req_idx]) <= 0
+    if greedy:
+        path, next_token = verify_greedy(tree.token_ids, tree.parents, argmax)
+    else:
+        probs = _target_probs(logits[start:start + n + 1], sampling, tree.req_idx)
+        path, next_token = verify_sampling(tree.token_ids, tree.parents, probs,
+                                           _request_rng(sampling, tree.req_idx))
+    try:
+        compact(tree, offset, path, step)
+    except Exception as exc:
+        on_error("KV compaction", exc)
+        in_place = next((k for k, j in enumerate(path) if j != k), len(path))
+        if in_place < len(path):
+            path = path[:in_place]
+            # the verdict's next token belonged to the cut path: resample safely
+            next_token = int(argmax[path[-1] + 1 if path else 0]) if greedy else None
+            if next_token is None:
+                path, next_token = [], int(sampled[tree.req_idx, 0])
+    tree_state.COUNTERS["tree_verifications"] += 1
+    tree_state.COUNTERS["tree_compactions"] += any(j != k for k, j in enumerate(path))
+    last = path[-1] + 1 if path else 0
+    if next_token is None:
+        next_token = int(argmax[last])
+    _set_row(sampled, tree.req_idx, [int(tree.token_ids[j]) for j in path] + [next_token])
+    if tree_state.RECORD_PATHS:
+        tree_state.LAST_PATHS[tree.req_id] = path
+    return start + last

@@ -50,6 +50,9 @@ class StepTrees:
     trees: list[TreeRows]
     all_rows: Any                                  # torch.long: every tree query row
     captured: dict[str, tuple] = field(default_factory=dict)  # CPU: layer -> K/V of all_rows
+    # Set when a tree part of the step failed (positions, mask, recomputed rows):
+    # its tree requests then accept no draft, whose verdict needs only the root row.
+    failed: bool = False
     # FLEX_ATTENTION (flex_tree_attention.py): the step's mask tables, the KV slots of
     # all_rows and every attention layer's cache, for the mask and the compaction.
     mask_tables: Any = None

@@ -21,6 +21,8 @@ _TREE_BACKEND = "vllm_echo.plugin.cpu_tree_attention.TreeCPUAttentionBackend"
 _attention_layers: list[Any] = []
 _layout_checked: dict[str, bool] = {}
 _mode: list[str] = []  # "cpu" or "flex" once prepare() accepted trees
+# Private attributes of vLLM's Attention layer that capture and compaction read.
+_LAYER_ATTRIBUTES = ("layer_name", "kv_cache", "_k_scale_float", "_v_scale_float")
 
 
 def _chain_mode(reason: str) -> bool:
@@ -51,7 +53,9 @@ def prepare(vllm_config: Any) -> bool:
                                "(enforce_eager=True / --enforce-eager)")
         from vllm_echo.plugin.flex_tree_attention import install_flex_tree_mask
 
-        install_flex_tree_mask()  # inert unless the layers turn out to be FLEX_ATTENTION
+        reason = install_flex_tree_mask()  # inert unless the layers are FLEX_ATTENTION
+        if reason is not None:
+            return _chain_mode(reason)
         _mode[:] = ["flex"]
         return True
     return _chain_mode(f"no tree attention for platform {current_platform.device_name!r}")
@@ -66,6 +70,11 @@ def kv_caches() -> list[Any]:
     """Every tree-checked attention layer's KV cache tensor."""
     return [layer.kv_cache[0] if isinstance(layer.kv_cache, list) else layer.kv_cache
             for layer in _attention_layers]
+
+
+def attention_layer_names() -> list[str]:
+    """Names of every tree-checked attention layer (the keys of a step's capture)."""
+    return [layer.layer_name for layer in _attention_layers]
 
 
 def check_model(model: Any) -> bool:
@@ -90,6 +99,9 @@ def check_model(model: Any) -> bool:
             return _chain_mode("sliding window / ALiBi / soft-cap / sinks attention")
         if impl.kv_cache_dtype != "auto":
             return _chain_mode(f"quantized KV cache ({impl.kv_cache_dtype})")
+        missing = [a for a in _LAYER_ATTRIBUTES if not hasattr(layer, a)]
+        if missing:
+            return _chain_mode(f"attention layer has no {', '.join(missing)}")
     _attention_layers[:] = layers
     return True
 

@@ -1,0 +1,41 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The runner hook points as the installed vLLM declares them, and how the probe
+judges a changed signature (no engine: signatures only)."""
+
+import functools
+import inspect
+
+from vllm_echo.plugin.runner_hooks import (PREPARE_PARAMS, SAMPLE_PARAMS, bound_arguments,
+                                           signature_drift)
+
+
+def test_installed_vllm_matches_the_hooks():
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    # bound the way load_model sees them (self given)
+    assert signature_drift(functools.partial(CPUModelRunner._sample, None), SAMPLE_PARAMS) is None
+    assert signature_drift(functools.partial(CPUModelRunner._prepare_inputs, None),
+                           PREPARE_PARAMS) is None
+
+
+def test_signature_drift_and_argument_lookup():
+    def renamed(logits, spec_metadata):
+        pass
+
+    def new_optional(logits, spec_decode_metadata, *, options=None):
+        pass
+
+    def new_required(logits, spec_decode_metadata, *, options):
+        pass
+
+    assert "does not start with" in signature_drift(renamed, SAMPLE_PARAMS)
+    assert signature_drift(new_optional, SAMPLE_PARAMS) is None
+    assert "new required parameters ['options']" in signature_drift(new_required, SAMPLE_PARAMS)
+    assert signature_drift(None, SAMPLE_PARAMS) == "missing"
+
+    signature = inspect.signature(new_optional)
+    assert bound_arguments(signature, (1, 2), {}, SAMPLE_PARAMS) == (1, 2)
+    assert bound_arguments(signature, (1,), {"spec_decode_metadata": 2, "options": 3},
+                           SAMPLE_PARAMS) == (1, 2)
+    assert bound_arguments(signature, (1, 2, 3), {}, SAMPLE_PARAMS) is None  # not a call of it
+    assert bound_arguments(inspect.signature(renamed), (1, 2), {}, SAMPLE_PARAMS) is None
