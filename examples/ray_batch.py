@@ -39,15 +39,18 @@ def processor_config(model: str, speculative_config: dict | None, *, replicas: i
 
     engine_kwargs = dict(max_model_len=2048, seed=0, tensor_parallel_size=tensor_parallel_size,
                          speculative_config=speculative_config)
+    stages = {}
     if gpus_per_replica:
         bundle = {"CPU": 1, "GPU": gpus_per_replica}
     else:
         bundle = {"CPU": 1}
         engine_kwargs.update(CPU_ENGINE_KWARGS)
+        # Few cores: the engine tokenizes and detokenizes itself, no extra actor pools.
+        stages = dict(tokenize_stage=False, detokenize_stage=False)
     return vLLMEngineProcessorConfig(
         model_source=model, engine_kwargs=engine_kwargs, concurrency=replicas,
         batch_size=batch_size, max_concurrent_batches=max_concurrent_batches,
-        placement_group_config={"bundles": [bundle] * tensor_parallel_size})
+        placement_group_config={"bundles": [bundle] * tensor_parallel_size}, **stages)
 
 
 def build(config, max_tokens: int):

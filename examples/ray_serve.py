@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 from vllm_echo.models import resolve_model
@@ -84,7 +85,11 @@ def main() -> None:
     configs = [llm_config(model, args.model_id, args.speculative_config, **shape)]
     if args.with_no_spec:
         configs.append(llm_config(model, f"{args.model_id}-no-spec", None, **shape))
-    ray.init(address=args.address)
+    # Serve LLM books 2 logical CPUs per replica (replica and engine) and 1 for the
+    # OpenAI ingress; a local cluster gets at least that many, so it fits small hosts.
+    needed = 2 * args.replicas * len(configs) + 1
+    ray.init(address=args.address,
+             num_cpus=None if args.address else max(os.cpu_count() or 1, needed))
     serve.start(http_options={"host": args.host, "port": args.port})
     serve.run(build_app(configs), blocking=False)
     names = [c.model_loading_config.model_id for c in configs]

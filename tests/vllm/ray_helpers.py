@@ -3,8 +3,8 @@
 
 Ray writes each worker's output (vLLM's engine processes inherit it) to files under
 the session's logs folder; the plugin's drafter logs its settings there at start-up,
-and publishes its counters to a stats file named after the engine (see
-vllm_echo/plugin/metrics.py).
+and publishes its counters to a stats file named after the engine, which lives as
+long as the engine's front process (vllm_echo/plugin/metrics.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ class Drafter:
     settings: dict
 
     def stats(self) -> dict:
-        """The drafter's last published counters (steps, drafts, accepted ...)."""
+        """The drafter's last published counters (steps, drafts ...); {} once the
+        engine's front process has exited (it removes the file)."""
         path = stats_root() / f"{self.engine}.json"
         return json.loads(path.read_text()) if path.is_file() else {}
 
@@ -43,14 +44,22 @@ class RayLogs:
     def _files(self) -> list[Path]:
         return [p for p in self.folder.glob("worker-*") if p.suffix in (".out", ".err")]
 
-    def new_text(self) -> str:
-        parts = []
+    def new_texts(self) -> list[str]:
+        """One text per worker log file (a replica and its engine processes share one)."""
+        texts = []
         for path in self._files():
             with open(path, "rb") as f:
                 f.seek(self._start.get(path, 0))
-                parts.append(f.read().decode("utf-8", "replace"))
-        return "\n".join(parts)
+                texts.append(f.read().decode("utf-8", "replace"))
+        return texts
+
+    def new_text(self) -> str:
+        return "\n".join(self.new_texts())
 
     def drafters(self) -> list[Drafter]:
-        return [Drafter(m[1], int(m[2]), m[3], json.loads(m[4]))
-                for m in DRAFTER_LINE.finditer(self.new_text())]
+        return drafters_in(self.new_text())
+
+
+def drafters_in(text: str) -> list[Drafter]:
+    """The drafters whose start-up line is in ``text``."""
+    return [Drafter(m[1], int(m[2]), m[3], json.loads(m[4])) for m in DRAFTER_LINE.finditer(text)]

@@ -4,23 +4,26 @@
 The way Ray users run vLLM in batch: ``vLLMEngineProcessorConfig`` +
 ``build_processor``, with ``speculative_config`` in ``engine_kwargs``; each replica
 is a Ray Data actor holding a vLLM engine, here on a CPU bundle, in the session's
-local Ray cluster (``ray_cluster`` in conftest.py).
+local Ray cluster (``ray_cluster`` in conftest.py). The jobs without speculation,
+with echo and with logitspec run at the same time, each on its own replica.
 
-What reaches the replica is read from the replica's own log and the drafter's stats
-file (ray_helpers.py): the drafter's start-up line with its settings, its counters.
+What reaches the replica is read from the replica's own log (ray_helpers.py): the
+drafter's start-up line with its settings, and vLLM's spec-decode counters.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from engine_helpers import ENGINE_KWARGS
-from ray_helpers import RayLogs
+from ray_helpers import RayLogs, drafters_in
 
 from vllm_echo import prompts
 
@@ -32,6 +35,8 @@ NUM_PROMPTS = 8
 MAX_TOKENS = 40
 PLUGIN_SETTINGS = {"max_ngram": 2, "span": 12}  # not the defaults: must reach the drafter
 BATCH_DONE = "[vLLM] Elapsed time for batch "
+# vLLM's counters, logged by the replica after each batch.
+DRAFTED = re.compile(r"SpecDecoding metrics: .*Drafted: (\d+) tokens")
 
 
 @pytest.fixture(scope="module")
@@ -77,32 +82,41 @@ def run_job(model: str, chat_prompts: list, speculative_config: dict | None, *,
 
 
 @pytest.fixture(scope="module")
-def reference(ray_logs, model_path, chat_prompts):
-    rows = run_job(model_path, chat_prompts, None)
-    assert [r["id"] for r in rows] == list(range(NUM_PROMPTS))
-    assert all(r["token_ids"] for r in rows)
-    return rows
+def jobs(ray_logs, model_path, chat_prompts):
+    """The same job without speculation ("none"), with echo and with logitspec, run at
+    the same time (one replica each): ({name: rows}, the replicas' log texts)."""
+    specs = {"none": None, **{m: {"method": m, **PLUGIN_SETTINGS} for m in ("echo", "logitspec")}}
+    logs = RayLogs(ray_logs)
+    with ThreadPoolExecutor(len(specs)) as pool:
+        futures = {name: pool.submit(run_job, model_path, chat_prompts, spec)
+                   for name, spec in specs.items()}
+        rows = {name: future.result() for name, future in futures.items()}
+    reference = rows["none"]
+    assert [r["id"] for r in reference] == list(range(NUM_PROMPTS))
+    assert all(r["token_ids"] for r in reference)
+    return rows, logs.new_texts()
 
 
-def check_drafters(drafters, method: str) -> None:
-    """The replica's drafters run ``method`` with the test's settings, and drafted."""
+def check_replica(log_text: str, method: str) -> None:
+    """The replica's drafters ran ``method`` with the test's settings, and drafted."""
+    drafters = drafters_in(log_text)
     assert drafters, "no vllm-echo drafter started in the replica"
     for drafter in drafters:
         assert drafter.method == method
         assert drafter.pid != os.getpid(), "the engine ran in the test process, not a replica"
         assert drafter.settings["method"] == method
         assert {k: drafter.settings[k] for k in PLUGIN_SETTINGS} == PLUGIN_SETTINGS
-    assert any(d.stats().get("steps", 0) > 0 for d in drafters), "the drafter never ran"
+    assert sum(int(n) for n in DRAFTED.findall(log_text)) > 0, "nothing was drafted"
 
 
 @pytest.mark.parametrize("method", ["echo", "logitspec"])
-def test_job_with_method_matches_no_spec(ray_logs, model_path, chat_prompts, reference, method):
-    logs = RayLogs(ray_logs)
-    rows = run_job(model_path, chat_prompts, {"method": method, **PLUGIN_SETTINGS})
+def test_job_with_method_matches_no_spec(jobs, method):
+    rows, log_texts = jobs
 
-    assert [r["id"] for r in rows] == list(range(NUM_PROMPTS))
-    assert [r["token_ids"] for r in rows] == [r["token_ids"] for r in reference]
-    check_drafters(logs.drafters(), method)
+    assert [r["id"] for r in rows[method]] == list(range(NUM_PROMPTS))
+    assert [r["token_ids"] for r in rows[method]] == [r["token_ids"] for r in rows["none"]]
+    replica_log = "\n".join(t for t in log_texts if f"vllm-echo: {method} drafter" in t)
+    check_replica(replica_log, method)
 
 
 def _replica_process(engine_pid: int) -> psutil.Process:
@@ -113,7 +127,7 @@ def _replica_process(engine_pid: int) -> psutil.Process:
     raise AssertionError(f"no Ray actor above pid {engine_pid}")
 
 
-def test_replica_killed_mid_job_loses_no_rows(ray_logs, model_path, chat_prompts, reference):
+def test_replica_killed_mid_job_loses_no_rows(ray_logs, model_path, chat_prompts, jobs):
     """Batches of 2 run one at a time on one replica; once its first batch is done,
     the replica's process is killed. Ray Data restarts the actor and retries the lost
     batch: every row comes back exactly once, identical to no speculation."""
@@ -149,10 +163,9 @@ def test_replica_killed_mid_job_loses_no_rows(ray_logs, model_path, chat_prompts
     assert killed, "the replica was never killed"
     assert killed["batches_done"] < NUM_PROMPTS // 2, "killed after the last batch"
     assert [r["id"] for r in rows] == list(range(NUM_PROMPTS)), "rows lost or duplicated"
-    assert [r["token_ids"] for r in rows] == [r["token_ids"] for r in reference]
+    assert [r["token_ids"] for r in rows] == [r["token_ids"] for r in jobs[0]["none"]]
     redone = [r["id"] for r in rows if r["arrival_time"] > killed["time"]]
     # The batch lost with the replica and those after it ran on the replacement.
     assert 2 <= len(redone) <= NUM_PROMPTS - 2 * killed["batches_done"], redone
-    drafters = logs.drafters()
-    check_drafters(drafters, "echo")
-    assert len({d.pid for d in drafters}) >= 2, "no replacement replica started"
+    check_replica(logs.new_text(), "echo")
+    assert len({d.pid for d in logs.drafters()}) >= 2, "no replacement replica started"
