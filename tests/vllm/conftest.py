@@ -13,3 +13,23 @@ def model_path() -> str:
 @pytest.fixture(scope="session")
 def spec_bench_16():
     return prompts.load(prompts.SPEC_BENCH, n=16)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster for all Ray tests of the session, shut down at its end;
+    yields the folder of its worker logs. 6 logical CPUs on any host: Ray Serve LLM
+    books 2 per replica (replica and engine) and 1 for the OpenAI ingress, and the Serve
+    test runs two replicas; the Ray Data tests run three 1-CPU replicas at once."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    ray = pytest.importorskip("ray")
+    temp_dir = tempfile.mkdtemp(prefix="ray-")  # short: Ray puts its sockets under it
+    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir)
+    try:
+        yield Path(temp_dir) / "session_latest" / "logs"
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)

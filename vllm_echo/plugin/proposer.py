@@ -7,7 +7,9 @@ itself is in vllm_echo.algos (numpy/numba, engine-agnostic).
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,6 +112,10 @@ class LogitSpecProposer:
         self._rank_zero: RankZeroDrafts | None = None  # tensor parallel: rank 0 drafts
         self._publisher = publish_worker_stats(self, vllm_config)  # for the server's /metrics
         install_sampler_fixes()
+        # Shows in the worker's log (Ray: the replica's log) what the drafter runs with.
+        logger.info("vllm-echo: %s drafter in pid %d, engine %s, settings %s", self.method,
+                    os.getpid(), getattr(vllm_config, "instance_id", "") or "-",
+                    json.dumps(self.settings.to_dict(), sort_keys=True))
 
     # -- vLLM contract -------------------------------------------------------------
 
