@@ -206,7 +206,7 @@ class Replay:
 
 # Decode step time vs tokens verified at batch 1, relative to a plain step (fp32, this
 # CPU, vLLM 0.32): medians measured in the engine up to 17 tokens (34.6 ms for 1); 33
-# and 65 from ../shared/docs/baselines.md. Not monotone: oneDNN is slower at 2 rows
+# and 65 from an earlier standalone measurement. Not monotone: oneDNN is slower at 2 rows
 # than at 4.
 CPU_B1_COST = ((1, 2, 3, 4, 5, 6, 7, 9, 10, 14, 17, 33, 65),
                (1.0, 1.093, 0.977, 0.945, 0.965, 0.925, 1.037, 1.188, 1.199, 1.376, 1.441,

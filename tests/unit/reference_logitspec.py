@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """A direct, slow transcription of the LogitSpec reference pool and drafting
-(algorithms memo §1.1-1.2, §1.11), used as the oracle for the numba versions."""
+(its retrieval and forest rules), used as the oracle for the numba versions."""
 
 
 def build_pool(tokens, max_ngram, span):

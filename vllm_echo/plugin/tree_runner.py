@@ -97,9 +97,8 @@ def _time_step(timer: Any, scheduler_output: Any) -> None:
     total = scheduler_output.total_num_scheduled_tokens
     # Only decode steps (each request runs its last token and its drafts) are
     # timed: the model's N is what drafting adds to. Prefill steps (hundreds of
-    # tokens) would decide the fit and price a draft token by the prompt's: at
-    # batch 1 in fp32 a line through them priced one at ~3.8% of a step, while
-    # 4 drafts cost 1.07x a plain step (../shared/docs/baselines.md).
+    # tokens) would decide the fit and price a draft token at the prompt's rate,
+    # far below what a few drafts really add to a decode step.
     if total == len(scheduler_output.num_scheduled_tokens) + num_drafts:
         step = tree_state.STEP
         timer.started(int(total), len(step.trees) if step is not None else 0, num_drafts > 0)

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""ECHO's elastic batch budget (Alg. 1, reconstructed in memo §2.5).
+"""ECHO's elastic batch budget (the paper's Alg. 1, reconstructed).
 
 The batch's draft trees are verified in one target forward, so they share
 one budget ``k_max`` of draft nodes (each request's root/bonus token is

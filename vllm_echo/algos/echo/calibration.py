@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Calibration of ECHO's sparse confidence gate (paper §3.2, memo §2.4/§2.8).
+"""Calibration of ECHO's sparse confidence gate (paper §3.2).
 
 During a warm-up the server records, per verified tree, the confidence
 c_d = exp(max S at depth d) and how deep the accepted path reached. For every
@@ -8,7 +8,7 @@ did not" says whether gating there is informative. Depths with AUC > delta
 become the sweet spots D_sig (at most ``max_sweet_spots``, the best AUCs),
 each with the threshold tau_d that maximises Youden's J = TPR - FPR.
 
-Choices the paper leaves open (memo §2.8): label_d = 1 iff accepted length
+Choices the paper leaves open: label_d = 1 iff accepted length
 >= d; delta = 0.75; warm-up = 256 verify steps; fallback = the reference
 literals (:data:`DEFAULT_GATE`).
 """

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Verification cost model: K_max from a measured cost curve (memo §2.2, §2.8).
+"""Verification cost model: K_max from a measured cost curve.
 
 ECHO sets the batch budget K_max "near the hardware saturation threshold":
 below it one target forward costs about the same whatever the number of

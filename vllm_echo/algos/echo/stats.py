@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Counters for ECHO's speculative metrics, summed over steps and workers.
 
-Draft utilisation is logged both ways the memo (§2.8) asks for, since they
+Draft utilisation is logged both ways, since they
 differ for trees: ``accepted / drafted`` tokens, and MAT / depth =
 ``accepted / sum of drafted tree depths``. Depths beyond ``max_depth`` are
 counted in the last bucket.
