@@ -54,7 +54,9 @@ def serve_app(ray_cluster, model_path):
     try:
         serve.run(example.build_app(configs), name="vllm-echo", blocking=False)
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 300
+        # Two replicas start their engines side by side; on a loaded 2-core host that
+        # has taken close to 5 minutes.
+        deadline = time.monotonic() + 900
         while True:
             try:
                 listed = requests.get(f"{url}/v1/models", timeout=10).json()
