@@ -15,10 +15,11 @@ def spec_bench_16():
     return prompts.load(prompts.SPEC_BENCH, n=16)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster():
-    """One local Ray cluster for all Ray tests of the session, shut down at its end;
-    yields the folder of its worker logs. 6 logical CPUs on any host: Ray Serve LLM
+    """A local Ray cluster for one test module, shut down at its end (its replicas and
+    daemons would otherwise compete for the cores with every later test); yields the
+    folder of its worker logs. 6 logical CPUs on any host: Ray Serve LLM
     books 2 per replica (replica and engine) and 1 for the OpenAI ingress, and the Serve
     test runs two replicas; the Ray Data tests run three 1-CPU replicas at once."""
     import shutil

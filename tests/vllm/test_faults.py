@@ -8,11 +8,11 @@ from engine_helpers import engine
 from vllm_echo.config import ADDITIONAL_CONFIG_KEY
 from vllm_echo.plugin.proposer import worker_stats
 
-MAX_TOKENS = 48
+MAX_TOKENS = 32
 
 
 def _chats(spec_bench_16):
-    return [p.as_chat() for p in spec_bench_16[:6]]
+    return [p.as_chat() for p in spec_bench_16[:4]]
 
 
 def _generate(llm, chats, max_tokens):
@@ -57,8 +57,8 @@ def test_failing_drafting_tree_verification_and_compaction_keep_outputs(
 def test_slow_drafting_times_out_and_keeps_outputs(model_path, spec_bench_16, reference):
     """A step whose drafting runs past the deadline sends the rest of the batch
     without drafts; generation goes on with identical output."""
-    got, stats = _run(model_path, spec_bench_16, "SlowProposer", capacity=8, max_tokens=24)
-    assert got == [tokens[:24] for tokens in reference]
+    got, stats = _run(model_path, spec_bench_16, "SlowProposer", capacity=8, max_tokens=16)
+    assert got == [tokens[:16] for tokens in reference]
     assert stats["failures"].get("propose:TimeoutError", 0) > 1, stats["failures"]
     assert stats["accepted_tree"] > 0
 

@@ -6,7 +6,7 @@ from engine_helpers import engine, spec_counters
 
 from vllm_echo.plugin.proposer import worker_stats
 
-MAX_TOKENS = 96
+MAX_TOKENS = 64
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 
 The way Ray users run vLLM in batch: ``vLLMEngineProcessorConfig`` +
 ``build_processor``, with ``speculative_config`` in ``engine_kwargs``; each replica
-is a Ray Data actor holding a vLLM engine, here on a CPU bundle, in the session's
+is a Ray Data actor holding a vLLM engine, here on a CPU bundle, in the module's
 local Ray cluster (``ray_cluster`` in conftest.py). The jobs without speculation,
 with echo and with logitspec run at the same time, each on its own replica.
 
@@ -31,8 +31,8 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data.llm")
 psutil = pytest.importorskip("psutil")
 
-NUM_PROMPTS = 8
-MAX_TOKENS = 40
+NUM_PROMPTS = 6
+MAX_TOKENS = 24
 PLUGIN_SETTINGS = {"max_ngram": 2, "span": 12}  # not the defaults: must reach the drafter
 BATCH_DONE = "[vLLM] Elapsed time for batch "
 # vLLM's counters, logged by the replica after each batch.

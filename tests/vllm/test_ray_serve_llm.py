@@ -5,7 +5,7 @@ examples/ray_serve.py builds one OpenAI app serving the embedded model twice: wi
 ``{"method": "echo"}`` and without speculation. Greedy chat completions sent on
 127.0.0.1 must be identical, and the echo replica's drafter must run with the
 test's settings (read from the replica's log and stats file, ray_helpers.py).
-Runs in the session's local Ray cluster (``ray_cluster`` in conftest.py).
+Runs in the module's local Ray cluster (``ray_cluster`` in conftest.py).
 """
 
 from __future__ import annotations

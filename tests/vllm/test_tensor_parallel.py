@@ -16,7 +16,7 @@ from vllm_echo import prompts
 from vllm_echo.plugin.proposer import worker_stats
 
 MAX_TOKENS = 48
-NUM_PROMPTS = 4
+NUM_PROMPTS = 3
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +43,11 @@ def three_ranks(monkeypatch):
     return {"tensor_parallel_size": 3}
 
 
-@pytest.mark.parametrize("spec", [{"method": "echo", "calibration_steps": 32},
-                                  {"method": "logitspec", "capacity": 16}],
-                         ids=["echo", "logitspec-tree"])
-def test_trees_under_tensor_parallel_are_greedy_identical(model_path, chats, reference,
-                                                          three_ranks, spec):
+def test_echo_trees_under_tensor_parallel_are_greedy_identical(model_path, chats, reference,
+                                                               three_ranks):
+    # ECHO covers LogitSpec's trees too: it drafts with the same forest, and its
+    # rank-dependent plans are what corrupted output before rank 0 drafted for all.
+    spec = {"method": "echo", "calibration_steps": 32}
     with engine(model_path, spec, **three_ranks) as llm:
         got = _one_at_a_time(llm, chats)
         stats = [s for s in llm.collective_rpc(worker_stats) if s]
