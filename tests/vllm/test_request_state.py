@@ -7,13 +7,13 @@ from engine_helpers import engine
 from vllm_echo.plugin.proposer import worker_stats
 
 
-def test_state_is_freed_across_600_requests(model_path):
+def test_state_is_freed_across_300_requests(model_path):
     from vllm import SamplingParams, TokensPrompt
 
     rng = np.random.default_rng(0)
     # Repetitive prompts so the index finds matches and drafts are made.
     prompts = [TokensPrompt(prompt_token_ids=(rng.integers(100, 120, 6).tolist() * 2))
-               for _ in range(600)]
+               for _ in range(300)]
     max_num_seqs = 128
     with engine(model_path, {"method": "logitspec", "tree": True, "num_speculative_tokens": 3},
                 max_num_seqs=max_num_seqs) as llm:
