@@ -99,15 +99,9 @@ def battery(server: Server, questions: list[str]) -> dict:
 
 
 @pytest.fixture(scope="module")
-def no_spec_server(model_path):
-    """Kept up for the module: every speculative battery is compared with its answers."""
+def expected(model_path, questions) -> dict:
     with openai_server(model_path, max_model_len=MAX_MODEL_LEN) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def expected(no_spec_server, questions) -> dict:
-    return battery(no_spec_server, questions)
+        return battery(server, questions)
 
 
 # On CPU plain logitspec verifies chains; trees are what preemption must survive.

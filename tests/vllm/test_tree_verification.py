@@ -101,7 +101,6 @@ def test_sampled_requests_in_a_mixed_batch(model_path, spec_bench_16, sampled_re
     the CPU sampler fix (sampler_fixes.py: vLLM expanded per-token temperature /
     top-k / top-p from uninitialised memory, giving garbage text and top_k crashes)."""
     chats, params = _sampled_batch(spec_bench_16)
-    expected = sampled_reference
     with engine(model_path, spec) as llm:
         got = _tokens(llm.chat(chats, params, use_tqdm=False))
         # Again in the same engine (prefix-cached, so scheduled differently): steps
@@ -111,7 +110,7 @@ def test_sampled_requests_in_a_mixed_batch(model_path, spec_bench_16, sampled_re
         stats = [s for s in llm.collective_rpc(worker_stats) if s][0]
     deterministic = [i for i in range(9) if i % 4 != 3]
     for run in (got, again):
-        _assert_same([run[i] for i in deterministic], [expected[i] for i in deterministic])
+        _assert_same([run[i] for i in deterministic], [sampled_reference[i] for i in deterministic])
         assert all(len(t) == MAX_TOKENS for t in run)
     if spec is TREE:
         # LogitSpec drafts depend only on the request's own text, so a seeded request
