@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from vllm import _custom_ops as ops
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
-from vllm_echo.plugin import tree_state, tree_support
+from vllm_echo.plugin import tree_state
 
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
 
@@ -74,11 +74,22 @@ def probe_layout(isa: str, dtype: torch.dtype, num_kv_heads: int, head_size: int
 
 
 class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
-    """CPU attention that also honours per-request token trees (see module doc)."""
+    """CPU attention that also honours per-request token trees (see module doc).
+
+    The registry override is process-wide; ``tree_context`` (set by
+    tree_support.check_model) ties an impl to its engine's steps. Without one it
+    is plain CPU_ATTN.
+    """
+
+    tree_context: tree_state.TreeContext | None = None
+
+    def _tree_step(self) -> tree_state.StepTrees | None:
+        context = self.tree_context
+        return context.step if context is not None else None
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
         super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
-        step = tree_state.STEP
+        step = self._tree_step()
         if step is not None and step.trees:
             # Keep the tree rows' K/V: after verification the accepted path is
             # re-written to consecutive slots with the same op (compaction). A layer
@@ -96,7 +107,7 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
                 output_scale=None, output_block_scale=None):
         out = super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                               output_scale, output_block_scale)
-        step = tree_state.STEP
+        step = self._tree_step()
         if attn_metadata is None or step is None or not step.trees:
             return out
         num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
@@ -152,8 +163,8 @@ def compact_accepted_path(tree: tree_state.TreeRows, row_offset: int, path: list
     moves = [(k + 1, j + 1) for k, j in enumerate(path) if j != k]
     if not moves:
         return
-    missing = [name for name in tree_support.attention_layer_names()
-               if name not in step.captured]
+    missing = [layer.layer_name for layer in step.attention_layers
+               if layer.layer_name not in step.captured]
     if missing:
         raise RuntimeError(f"K/V of {len(missing)} attention layers not captured "
                            f"(first: {missing[0]}); cannot compact")

@@ -17,7 +17,7 @@ import numpy as np
 from vllm_echo.algos.echo import forest_scoring
 from vllm_echo.algos.echo.planner import Candidates, EchoPlanner, Plan
 from vllm_echo.algos.forest import build_forest_nodes
-from vllm_echo.plugin import tree_state
+from vllm_echo.plugin.tree_state import TreeDraft
 from vllm_echo.plugin.proposer import LogitSpecProposer, StepDeadline
 from vllm_echo.plugin.runner_hooks import StepTimer
 
@@ -39,7 +39,7 @@ class EchoProposer(LogitSpecProposer):
         self._reported_gate: Any = None
         self._reported_cost = False
         self._timer = StepTimer(self.planner.cost.add)  # feeds the budget's cost model
-        tree_state.RECORD_PATHS = True
+        self.tree_context.record_paths = True  # the planner learns from tree verdicts
 
     def _warm_up(self) -> None:
         super()._warm_up()
@@ -56,7 +56,7 @@ class EchoProposer(LogitSpecProposer):
         if probe and self.stats.steps % _PROBE_EVERY:
             self.stats.steps += 1
             for req_id in req_ids[:len(sampled_token_ids)]:
-                tree_state.TREES.pop(req_id, None)
+                self.tree_context.trees.pop(req_id, None)
             return [[] for _ in sampled_token_ids]
         # Next-next heads need the top-k of every request's last logits (a top-k and a
         # log-sum-exp over the vocabulary per request); skipped when no head can pay.
@@ -85,15 +85,16 @@ class EchoProposer(LogitSpecProposer):
         drafts, plans = self.planner.plan(candidates, self.num_speculative_tokens,
                                           explore=_PROBE_NODES if probe else 0,
                                           num_requests=live)
+        trees = self.tree_context.trees
         out: list[list[int]] = []
         for i, ((tokens, parents), plan) in enumerate(zip(drafts, plans)):
             req_id = req_ids[i]
             is_tree = tree_mode[i] and len(tokens) and not np.array_equal(
                 parents, np.arange(-1, len(parents) - 1))
             if is_tree:
-                tree_state.TREES[req_id] = tree_state.TreeDraft(tokens, parents)
+                trees[req_id] = TreeDraft(tokens, parents)
             else:
-                tree_state.TREES.pop(req_id, None)
+                trees.pop(req_id, None)
             if plan is not None:
                 self._plans[req_id] = plan
                 if len(tokens):
@@ -112,7 +113,7 @@ class EchoProposer(LogitSpecProposer):
         for i, sampled in enumerate(sampled_token_ids):
             req_id = req_ids[i]
             plan = self._plans.pop(req_id, None)
-            path = tree_state.LAST_PATHS.pop(req_id, None)
+            path = self.tree_context.last_paths.pop(req_id, None)
             if plan is None or not sampled:
                 continue
             accepted = len(sampled) - 1
@@ -131,8 +132,9 @@ class EchoProposer(LogitSpecProposer):
         super()._release_finished(live)
         for req_id in [r for r in self._plans if r not in live]:
             del self._plans[req_id]
-        for req_id in [r for r in tree_state.LAST_PATHS if r not in live]:
-            del tree_state.LAST_PATHS[req_id]
+        last_paths = self.tree_context.last_paths
+        for req_id in [r for r in last_paths if r not in live]:
+            del last_paths[req_id]
 
     def _log_progress(self) -> None:
         planner = self.planner

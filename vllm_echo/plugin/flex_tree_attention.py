@@ -10,8 +10,12 @@ ancestors or the row itself. A tree mask is a subset of causal, so vLLM's causal
 block pruning stays valid; the direct block-mask builder marks no block "full"
 (flex_attention.py:797-798), so the mask is evaluated on every block it keeps.
 
-Per query token the mask reads two tables built once per step from
-tree_state.STEP (after ``_prepare_inputs``, before the metadata is built):
+The patch is process-wide; the step comes from the TreeContext of the model
+runner that builds the metadata (found up the call stack: the metadata has no
+reference to its engine), so other engines' metadata is left as vLLM builds it.
+A tree step whose mask was never built (no runner found) accepts no draft.
+Per query token the mask reads two tables built once per step from that step
+(after ``_prepare_inputs``, before the metadata is built):
 ``tree_start[q]`` = the logical position of its request's root (a huge value for
 tokens of requests without a tree, so only causality applies) and
 ``anc_words[q]`` = the ancestor bits of its row, from the tree-mask op in csrc/
@@ -92,9 +96,15 @@ def install_flex_tree_mask() -> str | None:
     if getattr(original, _MARK, False):
         return None
 
+    from vllm_echo.plugin.runner_hooks import runner_on_stack
+
     def get_mask_mod(self, *args, **kwargs):
         mask_mod = original(self, *args, **kwargs)
-        step = tree_state.STEP
+        try:
+            tree_context = tree_state.context_of_runner(runner_on_stack())
+        except Exception:  # a step left without its mask accepts no draft (verify_step_trees)
+            return mask_mod
+        step = tree_context.step if tree_context is not None else None
         if step is None or not step.trees or step.failed:
             return mask_mod
         try:

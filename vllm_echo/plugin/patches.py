@@ -4,8 +4,8 @@
 Each entry says what is patched, why, which upstream code it stands in for
 (vLLM 0.32.0 line numbers; setup.py allows < 0.34, so later versions may differ)
 and the upstream change that would make it unnecessary ("Remove when"). Nothing
-else in the package modifies vLLM. The private vLLM attributes the plugin reads
-are listed after the patches.
+else in the package modifies vLLM. The private vLLM attributes the plugin reads,
+and the attributes it sets on vLLM objects, are listed after the patches.
 
 Drift (a later vLLM whose internals differ) degrades, it never crashes: the
 proposer's ``load_model`` probes every runner hook point's signature and the
@@ -54,9 +54,11 @@ themselves off (same log line and counter) on a call they do not understand.
       each request's last token, and the rejection sampler verifies token trees
       (a parent index per draft token) for custom proposers.
 
-3. ``runner._prepare_inputs`` (instance attribute; tree mode only)
+3. ``runner._prepare_inputs`` (instance attribute; tree mode, and ECHO's step timing)
    What: after the original, overwrite ``runner.positions`` of tree nodes with
-      base + depth and publish the step's tree rows (tree_state.STEP).
+      base + depth and publish the step's tree rows (``step`` of the engine's
+      TreeContext, attached to the runner with the hooks: see the attributes set
+      on vLLM objects below).
    Why: RoPE must see a node's depth, not its flat index. Slot mapping is
       computed from positions inside the original, so slots stay linear and the
       scheduler's KV allocation is untouched.
@@ -75,6 +77,9 @@ themselves off (same log line and counter) on a call they do not understand.
    What: a subclass of the CPU backend whose impl runs the native kernel, then
       recomputes in torch the rows of tree requests that causal attention gets
       wrong, and captures tree rows' K/V in ``do_kv_cache_update`` for compaction.
+      The override is process-wide; each impl reads its engine's step through its
+      own ``tree_context`` (set by tree_support.check_model in ``load_model``), and
+      one without it (another engine in the process) is plain CPU_ATTN.
    Why: the CPU kernel has no mask input; only overriding CPU_ATTN itself is
       honoured on CPU (platforms/cpu.py:177-179).
    Upstream: vllm/v1/attention/backends/registry.py:340 (register_backend),
@@ -138,7 +143,11 @@ themselves off (same log line and counter) on a call they do not understand.
    only, installed from the proposer's __init__ via tree_support.prepare)
    What: while the step has tree requests, AND a tree mask into the mask vLLM
       composes: a tree row sees its request's prefix, root, ancestors and itself
-      (vllm_echo.plugin.flex_tree_attention); unchanged otherwise.
+      (vllm_echo.plugin.flex_tree_attention); unchanged otherwise. The patch is
+      process-wide and the metadata has no reference to its engine, so the step is
+      read from the TreeContext of the runner building the metadata, found up the
+      call stack (runner_hooks.runner_on_stack, as in entry 9); metadata built under
+      another engine's runner is left unchanged.
    Why: FLEX_ATTENTION takes a mask_mod but has no per-request spec-decode mask;
       this method is the single point every block-mask build goes through.
    Upstream: vllm/v1/attention/backends/flex_attention.py:615-636 (get_mask_mod),
@@ -147,13 +156,15 @@ themselves off (same log line and counter) on a call they do not understand.
    Drift: not installed (chain mode, one log line) if FlexAttentionMetadata lacks
       ``get_mask_mod`` or ``_convert_physical_to_logical``; passes ``*args, **kwargs``
       through; a failure building the tree mask keeps vLLM's mask and marks the
-      step failed (its trees accept no draft).
+      step failed (its trees accept no draft), and so does a tree step whose mask
+      was never built (no runner found on the stack; tree_runner.verify_step_trees).
    Remove when: FlexAttention metadata takes an extra per-request mask_mod (a
       spec-decode tree mask).
 
 9. ``find_runner`` frame walking (runner_hooks.py; reads, patches nothing)
    What: from the proposer's ``load_model``, walk the call stack to the frame whose
-      ``self`` is a GPUModelRunner (CPUModelRunner is a subclass).
+      ``self`` is a GPUModelRunner (CPUModelRunner is a subclass). Entry 8 walks the
+      same way from each FlexAttention mask build to the runner building it.
    Why: the custom_class contract gives the proposer no runner, and entries 2-3 and
       the request ids need it.
    Upstream: gpu_model_runner.py:5073 and cpu_model_runner.py:76
@@ -189,8 +200,21 @@ Private vLLM attributes read (vLLM 0.32 names), where, and what happens without 
   under the entry-4 fallbacks.
 - FlexAttentionMetadata ``_convert_physical_to_logical`` (probed, entry 8),
   ``doc_ids``, ``uses_paged_kv`` (per step, entry 8 fallback).
-- The call stack's ``self`` locals (entry 9) and ``worker.model_runner.drafter``
+- The call stack's ``self`` locals (entries 8 and 9) and ``worker.model_runner.drafter``
   (proposer.worker_stats, read with defaults).
+
+Attributes set on vLLM objects:
+
+- ``runner._vllm_echo_tree_context``: the engine's TreeContext (tree_state.py: its
+  trees, step in flight, counters and verdicts), attached when the runner hooks are
+  installed (tree_state.attach_to_runner, from entries 2-3) and read by those hooks
+  each step and by entry 8 per mask build.
+  Why: the custom_class contract has no channel from the proposer to code running
+  inside the runner; one context per runner keeps engines that share a process
+  (no engine-core subprocess, notebooks, tests) apart.
+  Remove when: entries 2, 3 and 8 are gone (vLLM verifies token trees itself).
+- ``runner._vllm_echo_prepare_wrapped``, ``runner._vllm_echo_sample_wrapped``: marks
+  that make installing entries 3 and 2 idempotent; removed with them.
 
 Not vLLM, listed for completeness: ``sys.excepthook`` is wrapped so that a
 ``SpeculativeConfigError`` reaching the top level prints as one line

@@ -19,7 +19,7 @@ import numpy as np
 from vllm_echo.algos.forest import SOURCE_LOGITS, SOURCE_RETRIEVAL, build_forest, first_chain
 from vllm_echo.algos.ngram_index import NgramIndex
 from vllm_echo.config import DEFAULT_NUM_SPECULATIVE_TOKENS
-from vllm_echo.plugin import tree_state, tree_support
+from vllm_echo.plugin import tree_support
 from vllm_echo.plugin.config_shim import settings_from_vllm_config
 from vllm_echo.plugin.sampler_fixes import install_sampler_fixes
 from vllm_echo.plugin.metrics import publish_worker_stats
@@ -27,6 +27,7 @@ from vllm_echo.plugin.runner_hooks import (LastLogitsTopK, find_runner, install_
                                           probe_runner)
 from vllm_echo.plugin.tp_drafts import RankZeroDrafts, tensor_parallel_group
 from vllm_echo.plugin.tree_runner import install_prepare_hook, tree_unsafe_reason
+from vllm_echo.plugin.tree_state import TreeContext, TreeDraft
 
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
 
@@ -100,13 +101,11 @@ class LogitSpecProposer:
         self._failures_logged: set[str] = set()
         self.failures: dict[str, int] = {}  # kind of failure -> how often (logged once each)
         self.stats = DraftStats()
-        # Per-worker tables start empty for each proposer (several engines may share a
-        # process); only ECHO asks for accepted paths.
-        tree_state.TREES.clear()
-        tree_state.LAST_PATHS.clear()
-        tree_state.RECORD_PATHS = False
-        self.tree_enabled = self.settings.tree and tree_support.prepare(vllm_config)
-        self._layout_checked = False
+        # This engine's trees, step in flight and verdicts, shared with the runner
+        # hooks and attention layers that load_model ties to it.
+        self.tree_context = TreeContext()
+        self.tree_enabled = self.settings.tree and tree_support.prepare(self.tree_context,
+                                                                        vllm_config)
         self._timer: Any = None  # runner_hooks.StepTimer, for proposers that cost steps
         self._vllm_config = vllm_config
         self._rank_zero: RankZeroDrafts | None = None  # tensor parallel: rank 0 drafts
@@ -126,7 +125,8 @@ class LogitSpecProposer:
             self._no_spec = str(exc)
             self._hook_unavailable("model runner", self._no_spec, "no speculation")
             return
-        problems = probe_runner(self._runner, flex=tree_support.compacts_by_slot())
+        problems = probe_runner(self._runner,
+                                flex=tree_support.compacts_by_slot(self.tree_context))
         if "runner state" in problems:
             self._no_spec = problems["runner state"]
             self._hook_unavailable("runner state", self._no_spec, "no speculation")
@@ -134,12 +134,12 @@ class LogitSpecProposer:
         try:
             group = tensor_parallel_group(self._vllm_config)
             if group is not None:
-                self._rank_zero = RankZeroDrafts(group)
+                self._rank_zero = RankZeroDrafts(group, self.tree_context)
         except Exception as exc:  # vLLM changed: ranks cannot agree on trees, chains are safe
             self._log_failure("tensor parallel group", exc)
             self.tree_enabled = False
         if self.tree_enabled:
-            self.tree_enabled = tree_support.check_model(model)
+            self.tree_enabled = tree_support.check_model(self.tree_context, model)
         # Trees need both hooks; without _sample there are no next-next candidates
         # either, but retrieval chains still work.
         if "_sample" in problems:
@@ -152,12 +152,12 @@ class LogitSpecProposer:
             self.tree_enabled = False
             self._timer = None
         if self.tree_enabled or self._timer is not None:
-            install_prepare_hook(self._runner, self._log_failure, self._hook_drifted,
-                                 self._timer)
+            install_prepare_hook(self._runner, self.tree_context, self._log_failure,
+                                 self._hook_drifted, self._timer)
         if "_sample" not in problems:
-            install_sample_hook(self._runner, self._last_logits, self._log_failure,
-                                self._hook_drifted,
-                                compact=tree_support.compactor() if self.tree_enabled else None)
+            compact = tree_support.compactor(self.tree_context) if self.tree_enabled else None
+            install_sample_hook(self._runner, self.tree_context, self._last_logits,
+                                self._log_failure, self._hook_drifted, compact=compact)
         self._warm_up()
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
@@ -171,7 +171,7 @@ class LogitSpecProposer:
                 drafts = self._propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         except Exception as exc:  # a drafting bug costs speed, never output or uptime
             self._log_failure("propose", exc)
-            tree_state.TREES.clear()
+            self.tree_context.trees.clear()
             drafts = [[] for _ in range(num_reqs)]
         finally:
             self._last_logits.release()  # the step's logits are not kept past drafting
@@ -184,9 +184,9 @@ class LogitSpecProposer:
     # -- internals -----------------------------------------------------------------
 
     def _check_layout(self) -> None:
-        if self.tree_enabled and not self._layout_checked:
-            self._layout_checked = True  # the KV cache exists only after start-up
-            self.tree_enabled = tree_support.layout_ok()
+        # the KV cache exists only after start-up
+        if self.tree_enabled and not self.tree_context.layout_checked:
+            self.tree_enabled = tree_support.layout_ok(self.tree_context)
 
     def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu):
         self._check_layout()
@@ -204,7 +204,7 @@ class LogitSpecProposer:
             # Drafts must fit: the bonus token plus K drafts stay within max_model_len.
             max_len = min(self.num_speculative_tokens, self.max_model_len - length - 1)
             if not sampled or max_len <= 0 or deadline.passed():
-                tree_state.TREES.pop(req_id, None)
+                self.tree_context.trees.pop(req_id, None)
                 drafts.append([])
                 continue
             try:
@@ -215,7 +215,7 @@ class LogitSpecProposer:
                 self._count_draft(state, len(tokens), source)
             except Exception as exc:  # only this request goes without drafts this step
                 self._log_failure("propose", exc)
-                tree_state.TREES.pop(req_id, None)
+                self.tree_context.trees.pop(req_id, None)
                 self._states.pop(req_id, None)  # rebuilt from the token row next step
                 tokens = no_candidates
             drafts.append(tokens.tolist())
@@ -225,15 +225,16 @@ class LogitSpecProposer:
 
     def _draft(self, req_id: str, state: _RequestState, candidates: np.ndarray,
                max_len: int) -> tuple[np.ndarray, int]:
+        trees = self.tree_context.trees
         if self.tree_enabled and state.tree_ok:
             tokens, parents = build_forest(state.index, candidates,
                                            min(self.settings.capacity, max_len + 1))
             if len(tokens):
-                tree_state.TREES[req_id] = tree_state.TreeDraft(tokens, parents)
+                trees[req_id] = TreeDraft(tokens, parents)
                 return tokens, SOURCE_TREE
-            tree_state.TREES.pop(req_id, None)
+            trees.pop(req_id, None)
             return tokens, 0
-        tree_state.TREES.pop(req_id, None)
+        trees.pop(req_id, None)
         if self.tree_enabled:  # a request that needs chain verification in tree mode
             max_len = min(max_len, DEFAULT_NUM_SPECULATIVE_TOKENS)
         return first_chain(state.index, candidates, max_len)
@@ -266,7 +267,7 @@ class LogitSpecProposer:
         """Free the index of every request that left the batch (finished or preempted)."""
         for req_id in [r for r in self._states if r not in live]:
             del self._states[req_id]
-            tree_state.TREES.pop(req_id, None)
+            self.tree_context.trees.pop(req_id, None)
 
     def _tree_allowed(self, owner: Any) -> bool:
         if not self.tree_enabled:
@@ -306,7 +307,7 @@ class LogitSpecProposer:
         self._hook_unavailable(hook, reason, "chain mode" if hook == "_prepare_inputs"
                                else "chain mode without next-next candidates")
         self.tree_enabled = False
-        tree_state.TREES.clear()
+        self.tree_context.trees.clear()
 
     def _log_once(self, kind: str, msg: str, *args, **kwargs) -> None:
         if kind not in self._failures_logged:
@@ -315,9 +316,10 @@ class LogitSpecProposer:
 
     def snapshot(self) -> dict[str, Any]:
         """Counters, per-kind failure counts and the size of the per-request state."""
-        return {**self.stats.flat(), **tree_state.COUNTERS, "tracked_requests": len(self._states),
+        return {**self.stats.flat(), **self.tree_context.counters,
+                "tracked_requests": len(self._states),
                 "state_bytes": sum(s.index.nbytes for s in list(self._states.values())),
-                "trees_held": len(tree_state.TREES), "failures": dict(self.failures)}
+                "trees_held": len(self.tree_context.trees), "failures": dict(self.failures)}
 
 
 class StepDeadline:

@@ -16,16 +16,14 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from vllm_echo.plugin.tree_state import TreeContext, attach_to_runner, context_of_runner
+
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
 
 
-def find_runner() -> Any:
-    """The GPUModelRunner (or subclass, e.g. CPUModelRunner) up the call stack.
-
-    Both the GPU and the CPU runner call ``drafter.load_model(model)`` from their
-    own ``load_model``; walking frames is the only way the custom_class contract
-    lets a proposer reach its runner.
-    """
+def runner_on_stack() -> Any | None:
+    """The nearest GPUModelRunner (or subclass, e.g. CPUModelRunner) up the call
+    stack, or None."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     frame = sys._getframe(1)
@@ -34,9 +32,22 @@ def find_runner() -> Any:
         if isinstance(candidate, GPUModelRunner):
             return candidate
         frame = frame.f_back
-    raise RuntimeError(
-        "vllm-echo: the proposer's load_model() was not called by a vLLM model runner; "
-        "cannot reach the batch's request ids and logits")
+    return None
+
+
+def find_runner() -> Any:
+    """The runner whose ``load_model`` calls the proposer's.
+
+    Both the GPU and the CPU runner call ``drafter.load_model(model)`` from their
+    own ``load_model``; walking frames is the only way the custom_class contract
+    lets a proposer reach its runner.
+    """
+    runner = runner_on_stack()
+    if runner is None:
+        raise RuntimeError(
+            "vllm-echo: the proposer's load_model() was not called by a vLLM model runner; "
+            "cannot reach the batch's request ids and logits")
+    return runner
 
 
 # The parameters each wrapper reads, by name, as vLLM 0.32 declares them.
@@ -223,20 +234,21 @@ def _no_drafts_in_step(metadata: Any, input_batch: Any) -> bool:
             and not sampling.logprob_token_ids)
 
 
-def install_sample_hook(runner: Any, sink: LastLogitsTopK,
+def install_sample_hook(runner: Any, tree_context: TreeContext, sink: LastLogitsTopK,
                         on_error: Callable[[str, BaseException], None],
                         on_drift: Callable[[str, str], None],
                         compact: Callable | None = None) -> None:
-    """Wrap ``runner._sample`` (instance attribute): tree verdicts, then top-k capture.
+    """Wrap ``runner._sample`` (instance attribute): tree verdicts, then top-k capture;
+    attach ``tree_context`` to the runner, where the hook reads it.
 
-    With ``compact`` (tree mode), the step's tree requests get their greedy tree
-    verdict and KV compaction (tree_runner.verify_step_trees) after vLLM's own
-    sampling. Then the raw logits rows that produced each request's last token are
-    recorded for the top-k (computed when the proposer reads it): the samplers work
-    on indexed copies of ``logits``, so ``logits`` is still raw (pre-temperature,
-    post grammar bitmask). For a chain, that row is (bonus row - num_draft_tokens[i])
-    + num_generated[i] - 1; for a tree, the row of its last accepted node. A step in
-    which no request has a draft is sampled by the plain sampler (_no_drafts_in_step).
+    With ``compact`` (tree mode), the step's tree requests get their tree verdict and
+    KV compaction (tree_runner.verify_step_trees) after vLLM's own sampling. Then the
+    raw logits rows that produced each request's last token are recorded for the
+    top-k (computed when the proposer reads it): the samplers work on indexed copies
+    of ``logits``, so ``logits`` is still raw (pre-temperature, post grammar bitmask).
+    For a chain, that row is (bonus row - num_draft_tokens[i]) + num_generated[i] - 1;
+    for a tree, the row of its last accepted node. A step in which no request has a
+    draft is sampled by the plain sampler (_no_drafts_in_step).
 
     A call whose arguments cannot be found by name runs the original unchanged and
     switches the hook off for good (``on_drift("_sample", reason)``: no trees, no
@@ -247,6 +259,7 @@ def install_sample_hook(runner: Any, sink: LastLogitsTopK,
 
     from vllm_echo.plugin.tree_runner import accept_no_tree_drafts, verify_step_trees
 
+    attach_to_runner(runner, tree_context)
     if getattr(runner, "_vllm_echo_sample_wrapped", False):
         return
     original = runner._sample
@@ -255,13 +268,15 @@ def install_sample_hook(runner: Any, sink: LastLogitsTopK,
 
     def _sample(*args, **kwargs):
         sink.release()
+        # read per call: a later install attaches a new context without rewrapping
+        tree_context = context_of_runner(runner)
         found = bound_arguments(signature, args, kwargs, SAMPLE_PARAMS) if active[0] else None
         if found is None:
             output = original(*args, **kwargs)
             if active[0]:
                 active[0] = False
                 on_drift("_sample", f"a call without {SAMPLE_PARAMS}")
-            accept_no_tree_drafts(output, on_error)
+            accept_no_tree_drafts(tree_context, output, on_error)
             return output
         logits, spec_decode_metadata = found
         output = None
@@ -291,9 +306,9 @@ def install_sample_hook(runner: Any, sink: LastLogitsTopK,
                 sampling = runner.input_batch.sampling_metadata
             except Exception as exc:  # without it sampled trees cannot be verified
                 on_error("tree verification", exc)
-                accept_no_tree_drafts(output, on_error)
+                accept_no_tree_drafts(tree_context, output, on_error)
             else:
-                last_rows = verify_step_trees(logits, spec_decode_metadata,
+                last_rows = verify_step_trees(tree_context, logits, spec_decode_metadata,
                                               output.sampled_token_ids, compact, on_error,
                                               sampling)
         try:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_echo.plugin import tree_state
+from vllm_echo.plugin.tree_state import TreeContext, TreeDraft
 
 
 def tensor_parallel_group(vllm_config: Any) -> Any | None:
@@ -29,26 +29,28 @@ def tensor_parallel_group(vllm_config: Any) -> Any | None:
 
 
 class RankZeroDrafts:
-    """Shares rank 0's drafts and trees with the other ranks of the TP group, once a step.
+    """Shares rank 0's drafts and trees (``tree_context.trees``, this rank's engine
+    state) with the other ranks of the TP group, once a step.
 
     Every rank must call ``share`` in every ``propose`` (it is a collective), whatever
     happened while drafting.
     """
 
-    def __init__(self, group: Any):
+    def __init__(self, group: Any, tree_context: TreeContext):
         self._group = group
+        self._tree_context = tree_context
         self.leads = group.rank_in_group == 0
 
     def share(self, drafts: list[list[int]] | None) -> list[list[int]]:
+        tree_context = self._tree_context
         if self.leads:
-            trees = {req_id: (t.token_ids, t.parents) for req_id, t in tree_state.TREES.items()}
+            trees = {req_id: (t.token_ids, t.parents) for req_id, t in tree_context.trees.items()}
             self._group.broadcast_object((drafts, trees), src=0)
             return drafts
         drafts, trees = self._group.broadcast_object(None, src=0)
-        tree_state.TREES.clear()
+        tree_context.trees.clear()
         for req_id, (token_ids, parents) in trees.items():
-            tree_state.TREES[req_id] = tree_state.TreeDraft(np.asarray(token_ids),
-                                                            np.asarray(parents))
+            tree_context.trees[req_id] = TreeDraft(np.asarray(token_ids), np.asarray(parents))
         # This rank's verdicts are not learned from: rank 0's proposer plans.
-        tree_state.LAST_PATHS.clear()
+        tree_context.last_paths.clear()
         return drafts

@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Model-runner side of tree verification: positions, acceptance, KV compaction.
 
-Installed on the runner instance that owns our proposer (see patches.py):
+Installed on the runner instance that owns our proposer (see patches.py); the
+engine's state is the TreeContext attached to that runner (tree_state.py):
 - after ``_prepare_inputs``: find this step's tree requests, give their nodes
   RoPE positions base + depth (slots stay linear, so vLLM's KV allocation is
-  untouched), and publish the step to the attention layers;
+  untouched), and publish the step (``TreeContext.step``) to the attention layers;
 - inside ``_sample``: after vLLM's own sampling, replace each tree request's
   row with the greedy tree verdict ``[path tokens..., bonus]`` and move the
   accepted path's K/V to the consecutive slots vLLM assumes. This happens before
@@ -21,6 +22,7 @@ import torch
 
 from vllm_echo.algos.verify import verify_greedy, verify_sampling
 from vllm_echo.plugin import tree_state, tree_support
+from vllm_echo.plugin.tree_state import StepTrees, TreeContext, TreeRows
 
 
 def tree_unsafe_reason(params: Any) -> str | None:
@@ -46,9 +48,11 @@ def tree_unsafe_reason(params: Any) -> str | None:
     return None
 
 
-def install_prepare_hook(runner: Any, on_error: Callable[[str, BaseException], None],
+def install_prepare_hook(runner: Any, tree_context: TreeContext,
+                         on_error: Callable[[str, BaseException], None],
                          on_drift: Callable[[str, str], None], timer: Any = None) -> None:
-    """``timer`` (runner_hooks.StepTimer) starts timing decode steps here.
+    """Wrap ``runner._prepare_inputs`` (instance attribute) and attach ``tree_context``
+    to the runner; ``timer`` (runner_hooks.StepTimer) starts timing decode steps here.
 
     A call whose arguments cannot be found by name runs the original unchanged and
     switches the hook off for good (``on_drift("_prepare_inputs", reason)``: chain
@@ -56,6 +60,7 @@ def install_prepare_hook(runner: Any, on_error: Callable[[str, BaseException], N
     """
     from vllm_echo.plugin.runner_hooks import PREPARE_PARAMS, bound_arguments
 
+    tree_state.attach_to_runner(runner, tree_context)
     if getattr(runner, "_vllm_echo_prepare_wrapped", False):
         return
     original = runner._prepare_inputs
@@ -64,7 +69,9 @@ def install_prepare_hook(runner: Any, on_error: Callable[[str, BaseException], N
 
     def _prepare_inputs(*args, **kwargs):
         result = original(*args, **kwargs)
-        tree_state.STEP = None
+        # read per call: a later install attaches a new context without rewrapping
+        tree_context = tree_state.context_of_runner(runner)
+        tree_context.step = None
         found = bound_arguments(signature, args, kwargs, PREPARE_PARAMS) if active[0] else None
         if found is None:
             if active[0]:
@@ -75,14 +82,15 @@ def install_prepare_hook(runner: Any, on_error: Callable[[str, BaseException], N
             return result
         scheduler_output, num_scheduled_tokens = found
         try:
-            if tree_state.TREES and scheduler_output.scheduled_spec_decode_tokens:
-                tree_state.STEP = _prepare_step(runner, scheduler_output, on_error)
+            if tree_context.trees and scheduler_output.scheduled_spec_decode_tokens:
+                tree_context.step = _prepare_step(tree_context, runner, scheduler_output,
+                                                  on_error)
         except Exception as exc:  # nothing written yet: vLLM's chain semantics hold
-            tree_state.STEP = None
+            tree_context.step = None
             on_error("tree step preparation", exc)
         if timer is not None:
             try:
-                _time_step(timer, scheduler_output)
+                _time_step(timer, scheduler_output, tree_context.step)
             except Exception as exc:
                 on_error("step timing", exc)
                 timer.skip()
@@ -92,7 +100,7 @@ def install_prepare_hook(runner: Any, on_error: Callable[[str, BaseException], N
     runner._vllm_echo_prepare_wrapped = True
 
 
-def _time_step(timer: Any, scheduler_output: Any) -> None:
+def _time_step(timer: Any, scheduler_output: Any, step: StepTrees | None) -> None:
     num_drafts = sum(map(len, scheduler_output.scheduled_spec_decode_tokens.values()))
     total = scheduler_output.total_num_scheduled_tokens
     # Only decode steps (each request runs its last token and its drafts) are
@@ -100,18 +108,17 @@ def _time_step(timer: Any, scheduler_output: Any) -> None:
     # tokens) would decide the fit and price a draft token at the prompt's rate,
     # far below what a few drafts really add to a decode step.
     if total == len(scheduler_output.num_scheduled_tokens) + num_drafts:
-        step = tree_state.STEP
         timer.started(int(total), len(step.trees) if step is not None else 0, num_drafts > 0)
     else:
         timer.skip()
 
 
-def _prepare_step(runner: Any, scheduler_output: Any,
-                  on_error: Callable[[str, BaseException], None]) -> tree_state.StepTrees | None:
+def _prepare_step(tree_context: TreeContext, runner: Any, scheduler_output: Any,
+                  on_error: Callable[[str, BaseException], None]) -> StepTrees | None:
     """Collect the step's trees (reads only), then write their RoPE positions. If a
     write fails, positions may be half written: the step is marked failed, so its
     tree requests accept no draft (the root row's position is the same either way)."""
-    step, positions = _collect_step(runner, scheduler_output)
+    step, positions = _collect_step(tree_context, runner, scheduler_output)
     if step is None:
         return None
     try:
@@ -124,13 +131,14 @@ def _prepare_step(runner: Any, scheduler_output: Any,
     return step
 
 
-def _collect_step(runner: Any, scheduler_output: Any) -> tuple[tree_state.StepTrees | None, list]:
+def _collect_step(tree_context: TreeContext, runner: Any,
+                  scheduler_output: Any) -> tuple[StepTrees | None, list]:
     batch = runner.input_batch
     query_start = runner.query_start_loc.np
     device = runner.positions.device
     trees, all_rows, positions = [], [], []
     for req_id, scheduled in scheduler_output.scheduled_spec_decode_tokens.items():
-        draft = tree_state.TREES.get(req_id)
+        draft = tree_context.trees.get(req_id)
         if draft is None:
             continue
         i = batch.req_id_to_index[req_id]
@@ -144,10 +152,12 @@ def _collect_step(runner: Any, scheduler_output: Any) -> tuple[tree_state.StepTr
     if not trees:
         return None, []
     rows = torch.from_numpy(np.concatenate(all_rows)).to(device)
-    step = tree_state.StepTrees(trees, rows)
-    if tree_support.compacts_by_slot():  # slot mapping is computed in the original
+    step = StepTrees(trees, rows)
+    if tree_support.compacts_by_slot(tree_context):  # slot mapping is computed in the original
         step.slots = batch.block_table[0].slot_mapping.gpu[rows]
-        step.kv_caches = tree_support.kv_caches()
+        step.kv_caches = tree_support.kv_caches(tree_context)
+    else:
+        step.attention_layers = tree_context.attention_layers
     return step, positions
 
 
@@ -172,12 +182,12 @@ def _request_rng(sampling: Any, req_idx: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
-def accept_no_tree_drafts(output: Any, on_error: Callable[[str, BaseException], None]) -> None:
+def accept_no_tree_drafts(tree_context: TreeContext, output: Any,
+                          on_error: Callable[[str, BaseException], None]) -> None:
     """End the step's trees with no draft accepted: each tree request's row becomes
     vLLM's own sample of its root row, which tree attention and positions computed
     exactly as a chain's (the root sees the context and itself, at the base position)."""
-    step = tree_state.STEP
-    tree_state.STEP = None
+    step = tree_context.take_step()
     if step is None:
         return
     try:
@@ -193,8 +203,9 @@ def _set_row(sampled: torch.Tensor, req_idx: int, row: list[int]) -> None:
     sampled[req_idx, :len(row)] = torch.tensor(row, dtype=sampled.dtype)
 
 
-def verify_step_trees(logits: torch.Tensor, metadata: Any, sampled: torch.Tensor,
-                      compact: Callable, on_error: Callable[[str, BaseException], None],
+def verify_step_trees(tree_context: TreeContext, logits: torch.Tensor, metadata: Any,
+                      sampled: torch.Tensor, compact: Callable,
+                      on_error: Callable[[str, BaseException], None],
                       sampling: Any) -> dict[int, int]:
     """Apply tree verification to the step's tree requests (in place).
 
@@ -208,26 +219,27 @@ def verify_step_trees(logits: torch.Tensor, metadata: Any, sampled: torch.Tensor
     (vLLM's sample of the root row is right whatever the tree), and if compaction
     fails it keeps only the accepted nodes that were already in place.
     """
-    step = tree_state.STEP
-    tree_state.STEP = None
+    step = tree_context.take_step()
     last_rows: dict[int, int] = {}
     if step is None:
         return last_rows
+    if tree_support.compacts_by_slot(tree_context) and step.mask_tables is None:
+        step.failed = True  # no attention metadata of the step got the tree mask
     offset = 0
     for tree in step.trees:
         try:
-            last_rows[tree.req_idx] = _verify_tree(tree, offset, step, logits, metadata, sampled,
-                                                   compact, on_error, sampling)
+            last_rows[tree.req_idx] = _verify_tree(tree_context, tree, offset, step, logits,
+                                                   metadata, sampled, compact, on_error, sampling)
         except Exception as exc:
             on_error("tree verification", exc)
             _set_row(sampled, tree.req_idx, [int(sampled[tree.req_idx, 0])])
-            if tree_state.RECORD_PATHS:
-                tree_state.LAST_PATHS[tree.req_id] = []
+            if tree_context.record_paths:
+                tree_context.last_paths[tree.req_id] = []
         offset += tree.num_rows
     return last_rows
 
 
-def _verify_tree(tree: tree_state.TreeRows, offset: int, step: tree_state.StepTrees,
+def _verify_tree(tree_context: TreeContext, tree: TreeRows, offset: int, step: StepTrees,
                  logits: torch.Tensor, metadata: Any, sampled: torch.Tensor, compact: Callable,
                  on_error: Callable[[str, BaseException], None], sampling: Any) -> int:
     """Verify one tree request, compact its KV and write its row; returns the logits
@@ -259,12 +271,12 @@ def _verify_tree(tree: tree_state.TreeRows, offset: int, step: tree_state.StepTr
             next_token = int(argmax[path[-1] + 1 if path else 0]) if greedy else None
             if next_token is None:
                 path, next_token = [], int(sampled[tree.req_idx, 0])
-    tree_state.COUNTERS["tree_verifications"] += 1
-    tree_state.COUNTERS["tree_compactions"] += any(j != k for k, j in enumerate(path))
+    tree_context.counters["tree_verifications"] += 1
+    tree_context.counters["tree_compactions"] += any(j != k for k, j in enumerate(path))
     last = path[-1] + 1 if path else 0
     if next_token is None:
         next_token = int(argmax[last])
     _set_row(sampled, tree.req_idx, [int(tree.token_ids[j]) for j in path] + [next_token])
-    if tree_state.RECORD_PATHS:
-        tree_state.LAST_PATHS[tree.req_id] = path
+    if tree_context.record_paths:
+        tree_context.last_paths[tree.req_id] = path
     return start + last

@@ -1,12 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Per-worker state shared by the tree proposer, runner hooks and attention.
+"""One engine's tree verification state, shared by its proposer, runner hooks and
+attention layers (TreeContext).
 
 vLLM schedules a request's drafts as a flat list. A tree travels as that list
 (nodes in parent-first order, so any prefix the scheduler keeps is still a
-tree) plus its parent array, kept here in a side table keyed by request id.
-The proposer, the model runner and the attention layers of one worker all run
-in the same process, so a module-level table is enough (one per TP rank; under
-tensor parallelism every rank's table holds rank 0's trees, see tp_drafts.py).
+tree) plus its parent array, kept in the context's side table keyed by request
+id. Each proposer creates its own context, so engines sharing a process (no
+engine-core subprocess, notebooks, tests) never see each other's trees; under
+tensor parallelism every rank's context holds rank 0's trees (tp_drafts.py).
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ class StepTrees:
 
     trees: list[TreeRows]
     all_rows: Any                                  # torch.long: every tree query row
-    captured: dict[str, tuple] = field(default_factory=dict)  # CPU: layer -> K/V of all_rows
+    # CPU: the engine's attention layers, every one of which compaction needs in
+    # ``captured`` (layer name -> K/V of all_rows).
+    attention_layers: list[Any] = field(default_factory=list)
+    captured: dict[str, tuple] = field(default_factory=dict)
     # Set when a tree part of the step failed (positions, mask, recomputed rows):
     # its tree requests then accept no draft, whose verdict needs only the root row.
     failed: bool = False
@@ -60,18 +64,59 @@ class StepTrees:
     kv_caches: list[Any] = field(default_factory=list)
 
 
-# req_id -> TreeDraft, written by the proposer, read when the step is prepared.
-TREES: dict[str, TreeDraft] = {}
-# The step in flight: set in _prepare_inputs, cleared after sampling.
-STEP: StepTrees | None = None
-# Verification counters of this worker (reported with the proposer's stats):
-# tree requests verified, and those whose accepted path left the first branch and
-# so needed KV compaction.
-COUNTERS = {"tree_verifications": 0, "tree_compactions": 0}
-# req_id -> accepted node indices of its last tree verification, kept only when a
-# proposer that learns from verdicts (ECHO) asks for them and pops them.
-RECORD_PATHS = False
-LAST_PATHS: dict[str, list[int]] = {}
+@dataclass
+class TreeContext:
+    """Tree verification state of one engine (one worker: a TP rank), created by the
+    proposer's __init__.
+
+    One step's path through it: the proposer writes ``trees``; the runner's
+    ``_prepare_inputs`` hook turns the scheduled ones into ``step``; the attention
+    layers read ``step`` (CPU: recompute and capture K/V; FLEX_ATTENTION: the mask);
+    the ``_sample`` hook takes ``step``, verifies, compacts the KV cache and counts;
+    ECHO's proposer reads the accepted paths back from ``last_paths``.
+
+    The runner hooks find it on the runner they wrap (``attach_to_runner``, when
+    they are installed), the CPU attention impls on themselves (set by
+    tree_support.check_model), the FLEX_ATTENTION mask on the runner that builds the
+    metadata (flex_tree_attention.py).
+    """
+
+    # req_id -> TreeDraft, written by the proposer, read when the step is prepared.
+    trees: dict[str, TreeDraft] = field(default_factory=dict)
+    # The step in flight: set after _prepare_inputs, taken by the sampling hook.
+    step: StepTrees | None = None
+    # Tree requests verified, and those whose accepted path left the first branch
+    # and so needed KV compaction (reported with the proposer's stats).
+    counters: dict[str, int] = field(
+        default_factory=lambda: {"tree_verifications": 0, "tree_compactions": 0})
+    # req_id -> accepted node indices of its last tree verification, kept only when a
+    # proposer that learns from verdicts (ECHO) asks for them and pops them.
+    record_paths: bool = False
+    last_paths: dict[str, list[int]] = field(default_factory=dict)
+    # Set by tree_support: "cpu" or "flex" once prepare() accepted trees, the
+    # tree-checked attention layers, and whether the KV cache layout was checked.
+    mode: str | None = None
+    attention_layers: list[Any] = field(default_factory=list)
+    layout_checked: bool = False
+
+    def take_step(self) -> StepTrees | None:
+        """The step in flight, which is then over (sampling consumes it once)."""
+        step, self.step = self.step, None
+        return step
+
+
+# The attribute of vLLM's model runner that holds its engine's TreeContext.
+_RUNNER_ATTRIBUTE = "_vllm_echo_tree_context"
+
+
+def attach_to_runner(runner: Any, tree_context: TreeContext) -> None:
+    """Make ``tree_context`` the one the hooks on ``runner`` (and attention metadata
+    built under it) use."""
+    setattr(runner, _RUNNER_ATTRIBUTE, tree_context)
+
+
+def context_of_runner(runner: Any) -> TreeContext | None:
+    return getattr(runner, _RUNNER_ATTRIBUTE, None)
 
 
 def tree_rows(req_id: str, req_idx: int, query_start: int, context_len: int, draft: TreeDraft,

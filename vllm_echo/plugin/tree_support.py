@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Where tree verification is available, decided once per worker.
+"""Where tree verification is available, decided once per engine worker.
 
 Trees need a per-request attention mask. Two backends provide one: on CPU our
 CPU_ATTN subclass (vllm_echo/plugin/cpu_tree_attention.py), on CUDA vLLM's
@@ -7,7 +7,8 @@ FLEX_ATTENTION with our mask ANDed in (vllm_echo/plugin/flex_tree_attention.py;
 selected by the user with ``--attention-backend FLEX_ATTENTION``, eager mode).
 Anything else — another GPU backend, CUDA graphs, a model feature the tree path
 does not implement, an unknown KV packing — keeps the proposer in chain mode,
-said once in the log.
+said once in the log. What is decided is kept in the engine's TreeContext
+(tree_state.py).
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
+from vllm_echo.plugin.tree_state import TreeContext
+
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
 
 _TREE_BACKEND = "vllm_echo.plugin.cpu_tree_attention.TreeCPUAttentionBackend"
-_attention_layers: list[Any] = []
-_layout_checked: dict[str, bool] = {}
-_mode: list[str] = []  # "cpu" or "flex" once prepare() accepted trees
 # Private attributes of vLLM's Attention layer that capture and compaction read.
 _LAYER_ATTRIBUTES = ("layer_name", "kv_cache", "_k_scale_float", "_v_scale_float")
 
@@ -30,7 +30,7 @@ def _chain_mode(reason: str) -> bool:
     return False
 
 
-def prepare(vllm_config: Any) -> bool:
+def prepare(tree_context: TreeContext, vllm_config: Any) -> bool:
     """Called from the proposer's __init__, before the model (and its attention
     layers) is built: route CPU_ATTN through the tree-capable subclass, or add the
     tree mask to FLEX_ATTENTION on CUDA."""
@@ -45,7 +45,7 @@ def prepare(vllm_config: Any) -> bool:
         from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
         register_backend(AttentionBackendEnum.CPU_ATTN, _TREE_BACKEND)
-        _mode[:] = ["cpu"]
+        tree_context.mode = "cpu"
         return True
     if current_platform.is_cuda():
         if not getattr(model_config, "enforce_eager", False):
@@ -56,41 +56,37 @@ def prepare(vllm_config: Any) -> bool:
         reason = install_flex_tree_mask()  # inert unless the layers are FLEX_ATTENTION
         if reason is not None:
             return _chain_mode(reason)
-        _mode[:] = ["flex"]
+        tree_context.mode = "flex"
         return True
     return _chain_mode(f"no tree attention for platform {current_platform.device_name!r}")
 
 
-def compacts_by_slot() -> bool:
+def compacts_by_slot(tree_context: TreeContext) -> bool:
     """True when KV compaction copies by slot (FLEX_ATTENTION), not from captured K/V."""
-    return _mode == ["flex"]
+    return tree_context.mode == "flex"
 
 
-def kv_caches() -> list[Any]:
+def kv_caches(tree_context: TreeContext) -> list[Any]:
     """Every tree-checked attention layer's KV cache tensor."""
     return [layer.kv_cache[0] if isinstance(layer.kv_cache, list) else layer.kv_cache
-            for layer in _attention_layers]
+            for layer in tree_context.attention_layers]
 
 
-def attention_layer_names() -> list[str]:
-    """Names of every tree-checked attention layer (the keys of a step's capture)."""
-    return [layer.layer_name for layer in _attention_layers]
-
-
-def check_model(model: Any) -> bool:
+def check_model(tree_context: TreeContext, model: Any) -> bool:
     """Called from load_model: every decoder attention layer must be ours and use only
-    what the torch tree path implements."""
+    what the torch tree path implements. On CPU each impl is then tied to the
+    engine's context, from which it reads the step in flight."""
     from vllm.model_executor.layers.attention.attention import Attention
 
     layers = [m for m in model.modules() if isinstance(m, Attention)]
     if not layers:
         return _chain_mode("no attention layers found")
-    tree_impl = _tree_impl_class()
+    tree_impl = _tree_impl_class(tree_context)
     for layer in layers:
         impl = layer.impl
         if not isinstance(impl, tree_impl):
             hint = " (start vLLM with --attention-backend FLEX_ATTENTION)" \
-                if compacts_by_slot() else ""
+                if compacts_by_slot(tree_context) else ""
             return _chain_mode(f"attention impl {type(impl).__name__} is not tree-capable{hint}")
         if (getattr(impl, "sliding_window", None) not in (None, -1)
                 or getattr(impl, "alibi_slopes", None) is not None
@@ -102,12 +98,15 @@ def check_model(model: Any) -> bool:
         missing = [a for a in _LAYER_ATTRIBUTES if not hasattr(layer, a)]
         if missing:
             return _chain_mode(f"attention layer has no {', '.join(missing)}")
-    _attention_layers[:] = layers
+    tree_context.attention_layers = layers
+    if not compacts_by_slot(tree_context):
+        for layer in layers:
+            layer.impl.tree_context = tree_context
     return True
 
 
-def _tree_impl_class() -> type:
-    if compacts_by_slot():
+def _tree_impl_class(tree_context: TreeContext) -> type:
+    if compacts_by_slot(tree_context):
         from vllm.v1.attention.backends.flex_attention import FlexAttentionImpl
 
         return FlexAttentionImpl
@@ -116,26 +115,28 @@ def _tree_impl_class() -> type:
     return TreeCPUAttentionImpl
 
 
-def layout_ok() -> bool:
+def layout_ok(tree_context: TreeContext) -> bool:
     """After the KV cache exists: on CPU the cache packing of the layers' ISA must
-    decode; FLEX_ATTENTION's layout is plain [blocks, kv heads, block size, 2 x head]."""
-    if compacts_by_slot():
+    decode; FLEX_ATTENTION's layout is plain [blocks, kv heads, block size, 2 x head].
+    Checked once per engine (``tree_context.layout_checked``); False switches trees off."""
+    tree_context.layout_checked = True
+    if compacts_by_slot(tree_context):
         return True
     from vllm_echo.plugin.cpu_tree_attention import probe_layout
 
-    layer = _attention_layers[0]
+    layer = tree_context.attention_layers[0]
     isa = getattr(layer, "isa", None)
-    if isa not in _layout_checked:
-        kv = kv_caches()[0]
-        _layout_checked[isa] = probe_layout(isa, kv.dtype, layer.impl.num_kv_heads,
-                                            layer.impl.head_size, kv.shape[2])
-        if not _layout_checked[isa]:
-            _chain_mode(f"unverified KV cache layout for CPU attention ISA {isa!r}")
-    return _layout_checked[isa]
+    kv = kv_caches(tree_context)[0]
+    ok = probe_layout(isa, kv.dtype, layer.impl.num_kv_heads, layer.impl.head_size, kv.shape[2])
+    if not ok:
+        _chain_mode(f"unverified KV cache layout for CPU attention ISA {isa!r}")
+    return ok
 
 
-def compactor() -> Callable:
-    if compacts_by_slot():
+def compactor(tree_context: TreeContext) -> Callable:
+    """The KV compaction for the engine's backend, looked up here (load_model), so a
+    module function replaced before (tests/vllm/flaky_proposer.py) is the one used."""
+    if compacts_by_slot(tree_context):
         from vllm_echo.plugin.flex_tree_attention import compact_accepted_path
     else:
         from vllm_echo.plugin.cpu_tree_attention import compact_accepted_path
