@@ -15,6 +15,20 @@ def spec_bench_16():
     return prompts.load(prompts.SPEC_BENCH, n=16)
 
 
+@pytest.fixture(scope="session")
+def greedy_reference(model_path, spec_bench_16) -> list[list[int]]:
+    """No-speculation greedy outputs of the 16 chats (fp32, REFERENCE_MAX_TOKENS),
+    shared by the greedy engine tests: a shorter greedy run of the same prompts is a
+    prefix of it, whatever the batch."""
+    from engine_helpers import REFERENCE_MAX_TOKENS, engine
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=REFERENCE_MAX_TOKENS)
+    with engine(model_path) as llm:
+        outs = llm.chat([p.as_chat() for p in spec_bench_16], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A local Ray cluster for one test module, shut down at its end (its replicas and

@@ -12,6 +12,11 @@ ENGINE_KWARGS = dict(dtype="float32", enforce_eager=True, max_model_len=2048, se
                      kv_cache_memory_bytes=256 * 2**20)
 
 
+# Length of the shared no-speculation greedy reference (conftest.greedy_reference);
+# tests with shorter outputs compare against its prefix.
+REFERENCE_MAX_TOKENS = 96
+
+
 # Lets tests read the drafter's counters with LLM.collective_rpc(worker_stats) (a
 # function, which vLLM only ships to workers with pickle). Tests only.
 os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")

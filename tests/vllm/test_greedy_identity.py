@@ -10,13 +10,8 @@ MAX_TOKENS = 64
 
 
 @pytest.fixture(scope="module")
-def reference(model_path, spec_bench_16):
-    from vllm import SamplingParams
-
-    with engine(model_path) as llm:
-        outs = llm.chat([p.as_chat() for p in spec_bench_16],
-                        SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)
-    return [o.outputs[0].token_ids for o in outs]
+def reference(greedy_reference):
+    return [tokens[:MAX_TOKENS] for tokens in greedy_reference]
 
 
 def _run(model_path, prompts, spec):

@@ -2,14 +2,11 @@
 """LogitSpec forests verified as token trees inside vLLM's CPU backend (fp32)."""
 
 import pytest
-from engine_helpers import engine, spec_counters
+from engine_helpers import REFERENCE_MAX_TOKENS, engine, spec_counters
 
 from vllm_echo.plugin.proposer import worker_stats
 
 MAX_TOKENS = 32
-# The preemption test needs outputs that outgrow their prompts' KV blocks (128 tokens
-# on CPU); the other greedy tests compare against the first MAX_TOKENS of the same run.
-PREEMPTION_MAX_TOKENS = 96
 TREE = {"method": "logitspec", "capacity": 8}
 
 
@@ -28,15 +25,9 @@ def _assert_same(got, expected):
     assert len(got) == len(expected) and not bad, f"outputs differ from no-spec for {bad}"
 
 
-@pytest.fixture(scope="module")
-def reference(model_path, spec_bench_16):
-    with engine(model_path) as llm:
-        return _tokens(llm.chat([p.as_chat() for p in spec_bench_16],
-                                _greedy(PREEMPTION_MAX_TOKENS), use_tqdm=False))
-
-
 @pytest.mark.parametrize("batch", [1, 16])
-def test_tree_greedy_identical_to_no_speculation(model_path, spec_bench_16, reference, batch):
+def test_tree_greedy_identical_to_no_speculation(model_path, spec_bench_16, greedy_reference,
+                                                 batch):
     # chunked prefill and prefix caching stay at their defaults (on); one request at a
     # time runs 6 prompts only (CI time)
     n = 6 if batch == 1 else 16
@@ -45,7 +36,7 @@ def test_tree_greedy_identical_to_no_speculation(model_path, spec_bench_16, refe
                                use_tqdm=False))
         stats = [s for s in llm.collective_rpc(worker_stats) if s][0]
         counters = spec_counters(llm)
-    _assert_same(got, [r[:MAX_TOKENS] for r in reference[:n]])
+    _assert_same(got, [r[:MAX_TOKENS] for r in greedy_reference[:n]])
     assert stats["drafts_tree"] > 0 and stats["accepted_tree"] > 0, stats
     # Paths off the first branch were accepted: depth positions, the tree mask and
     # KV compaction all had to be right for the text to stay identical.
@@ -67,16 +58,16 @@ def test_mixed_batch_trees_chains_and_no_drafts(model_path, spec_bench_16):
     assert stats["drafts_tree"] > 0 and stats["drafts_retrieval"] + stats["drafts_logits"] > 0
 
 
-def test_preemption_under_kv_pressure_keeps_outputs(model_path, spec_bench_16, reference):
+def test_preemption_under_kv_pressure_keeps_outputs(model_path, spec_bench_16, greedy_reference):
     # 10 KV blocks of 128 tokens, which the first 9 prompts (53-210 tokens) fill; their
-    # outputs then outgrow those blocks together, so requests get preempted and resumed
-    # with trees in flight.
+    # 96-token outputs then outgrow those blocks together, so requests get preempted
+    # and resumed with trees in flight.
     n = 9
     chats = [p.as_chat() for p in spec_bench_16[:n]]
     with engine(model_path, TREE, kv_cache_memory_bytes=60 * 2**20, max_model_len=1024) as llm:
-        got = _tokens(llm.chat(chats, _greedy(PREEMPTION_MAX_TOKENS), use_tqdm=False))
+        got = _tokens(llm.chat(chats, _greedy(REFERENCE_MAX_TOKENS), use_tqdm=False))
         preemptions = sum(m.value for m in llm.get_metrics() if m.name == "vllm:num_preemptions")
-    _assert_same(got, reference[:n])
+    _assert_same(got, greedy_reference[:n])
     assert preemptions > 0, preemptions
 
 
