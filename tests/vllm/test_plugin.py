@@ -163,15 +163,22 @@ def test_unsupported_models_are_refused_by_name(flags, words):
         assert word in str(err.value)
 
 
-@pytest.mark.parametrize("model_flags,pp", [({"is_hybrid": True}, 1), ({}, 2)])
-def test_chain_only_setups_switch_to_chain_unless_trees_were_asked_for(model_flags, pp):
-    from types import SimpleNamespace
-
+def test_hybrid_models_switch_to_chain_unless_trees_were_asked_for():
     from vllm_echo.plugin.config_shim import rewrite
 
-    parallel = SimpleNamespace(pipeline_parallel_size=pp)
-    spec, extra = rewrite({"method": "echo"}, None, _model(**model_flags), parallel)
+    spec, extra = rewrite({"method": "echo"}, None, _model(is_hybrid=True))
     assert extra[ADDITIONAL_CONFIG_KEY]["tree"] is False
     assert spec["num_speculative_tokens"] == 4  # the chain default, not a forest's room
     with pytest.raises(ValueError, match="tree=true is not supported with"):
-        rewrite({"method": "echo", "tree": True}, None, _model(**model_flags), parallel)
+        rewrite({"method": "echo", "tree": True}, None, _model(is_hybrid=True))
+
+
+@pytest.mark.parametrize("method", ["logitspec", "echo"])
+def test_pipeline_parallelism_is_refused_before_the_workers_start(model_path, method):
+    # vLLM 0.32's workers die at KV-cache setup with any speculative method under
+    # pipeline parallelism (its own ngram included): one line at config time instead
+    with pytest.raises(ValueError) as err:
+        _engine_config(model_path, {"method": method}, pipeline_parallel_size=2)
+    for word in ("pipeline parallelism", "pipeline_parallel_size=2", f"{method!r}",
+                 "allowed: pipeline_parallel_size=1"):
+        assert word in str(err.value)

@@ -43,11 +43,15 @@ def three_ranks(monkeypatch):
     return {"tensor_parallel_size": 3}
 
 
-def test_echo_trees_under_tensor_parallel_are_greedy_identical(model_path, chats, reference,
-                                                               three_ranks):
-    # ECHO covers LogitSpec's trees too: it drafts with the same forest, and its
-    # rank-dependent plans are what corrupted output before rank 0 drafted for all.
-    spec = {"method": "echo", "calibration_steps": 32}
+@pytest.mark.parametrize("spec", [
+    # ECHO's plans depend on each process's step timing: what corrupted output before
+    # rank 0 drafted and planned for every rank
+    {"method": "echo", "calibration_steps": 32},
+    # LogitSpec's trees: the same forests, without a timing-dependent plan
+    {"method": "logitspec", "capacity": 16},
+], ids=["echo", "logitspec"])
+def test_trees_under_tensor_parallel_are_greedy_identical(model_path, chats, reference,
+                                                          three_ranks, spec):
     with engine(model_path, spec, **three_ranks) as llm:
         got = _one_at_a_time(llm, chats)
         stats = [s for s in llm.collective_rpc(worker_stats) if s]

@@ -70,8 +70,9 @@ def rewrite(spec: dict[str, Any], additional_config: dict[str, Any] | None,
         ours["capacity"] = CPU_LOGITSPEC_CAPACITY if method == "logitspec" else CPU_ECHO_CAPACITY
     settings = EchoSettings.from_dict(ours)
     _check_model(method, model_config)
+    _check_parallel(method, parallel_config)
     if settings.tree:
-        chain_only = _chain_only_reason(model_config, parallel_config)
+        chain_only = _chain_only_reason(model_config)
         if chain_only is not None:
             if "tree" in ours:
                 raise SpeculativeConfigError(
@@ -128,15 +129,28 @@ def _check_model(method: str, model_config: Any) -> None:
                 "allowed: decoder-only models with attention")
 
 
-def _chain_only_reason(model_config: Any, parallel_config: Any) -> str | None:
+def _chain_only_reason(model_config: Any) -> str | None:
     """Set-ups whose drafts can only be verified as chains, or None."""
     if model_config is not None and getattr(model_config, "is_hybrid", False):
         # A tree's nodes would advance the recurrent state one after another.
         return "hybrid (recurrent-state) models"
-    if parallel_config is not None and getattr(parallel_config, "pipeline_parallel_size", 1) > 1:
-        # Tree positions are known only on the last stage, where drafting runs.
-        return "pipeline parallelism"
     return None
+
+
+def _check_parallel(method: str, parallel_config: Any) -> None:
+    """vLLM 0.32's model runner creates the drafter on the last pipeline stage only, and
+    its KV-cache setup then reads ``self.drafter`` on every stage
+    (gpu_model_runner.py:590, :7017): with pipeline parallelism any speculative method,
+    vLLM's ngram included, dies in the workers with an AttributeError. Refused here with
+    one line instead. Remove when vLLM's KV-cache setup tolerates stages without a
+    drafter (tree_support.prepare then keeps such engines in chain mode)."""
+    size = getattr(parallel_config, "pipeline_parallel_size", 1) if parallel_config else 1
+    if size > 1:
+        raise SpeculativeConfigError(
+            f"speculative_config: method {method!r} does not support pipeline parallelism "
+            f"(pipeline_parallel_size={size}): vLLM's workers fail at KV-cache setup with "
+            "any speculative method; allowed: pipeline_parallel_size=1 (tensor "
+            "parallelism is supported)")
 
 
 def refuse_unsupported_engine(vllm_config: Any) -> None:
