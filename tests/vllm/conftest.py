@@ -36,12 +36,17 @@ def ray_cluster():
     folder of its worker logs. 6 logical CPUs on any host: Ray Serve LLM
     books 2 per replica (replica and engine) and 1 for the OpenAI ingress, and the Serve
     test runs two replicas; the Ray Data tests run three 1-CPU replicas at once."""
+    import os
     import shutil
     import tempfile
     from pathlib import Path
 
     ray = pytest.importorskip("ray")
     temp_dir = tempfile.mkdtemp(prefix="ray-")  # short: Ray puts its sockets under it
+    # Serve's proxy answers its health check within 10 s by default; while two replicas
+    # start their engines on 2 cores it once did not, and Serve failed the app. The
+    # cluster's processes inherit this from the driver.
+    os.environ.setdefault("RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S", "60")
     ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False, _temp_dir=temp_dir)
     try:
         yield Path(temp_dir) / "session_latest" / "logs"

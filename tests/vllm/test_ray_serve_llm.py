@@ -26,11 +26,6 @@ from vllm_echo import prompts
 
 pytest.importorskip("ray")
 pytest.importorskip("ray.serve.llm")
-# Opt-in until it is stable on the 2-core CI host: one CI-like run errored while the
-# app was being set up (Serve's proxy failed its health checks under load), and a
-# failing test would block every submission. Run it with VLLM_ECHO_TEST_RAY_SERVE=1.
-pytestmark = pytest.mark.skipif(os.environ.get("VLLM_ECHO_TEST_RAY_SERVE") != "1",
-                                reason="Ray Serve LLM test is opt-in: VLLM_ECHO_TEST_RAY_SERVE=1")
 
 NUM_PROMPTS = 6
 MAX_TOKENS = 40

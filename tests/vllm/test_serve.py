@@ -57,11 +57,14 @@ def battery(server: Server, questions: list[str]) -> dict:
     """Every request kind the server must answer exactly like a no-spec server."""
     out: dict = {}
     # A long streamed request is in flight while the concurrent burst arrives.
+    # It crosses into new KV blocks (near 128 and 256 tokens) tens of steps after the
+    # burst has filled the small cache, which is what forces preemption: counted in
+    # steps, not seconds, so a faster host preempts as surely as a slower one.
     with ThreadPoolExecutor(CONCURRENT + 1) as pool:
         long_stream = pool.submit(stream, server, "completions",
-                                  {"prompt": LONG_TEXT * 3, "max_tokens": 160,
+                                  {"prompt": LONG_TEXT * 3, "max_tokens": 200,
                                    "temperature": 0})
-        time.sleep(0.5)
+        time.sleep(0.1)
         burst = [pool.submit(chat, server, q, MAX_TOKENS) for q in questions]
         out["chat_concurrent"] = [f.result() for f in burst]
         out["completion_streamed_during_burst"] = long_stream.result()
