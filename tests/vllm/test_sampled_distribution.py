@@ -81,14 +81,13 @@ def reference(model_path):
         for kind in KINDS:
             reach = {(): 1.0}
             for _ in range(MAX_TOKENS):
-                prefixes = [p for p, q in reach.items() if q * NUM_PER_KIND >= MIN_GROUP]
-                if not prefixes:
+                tested = {p: q for p, q in reach.items() if q * NUM_PER_KIND >= MIN_GROUP}
+                if not tested:
                     break
-                probs = _next_token_probs(llm, [prompt + list(p) for p in prefixes], kind)
+                probs = _next_token_probs(llm, [prompt + list(p) for p in tested], kind)
                 reach = {}
-                for prefix, dist in zip(prefixes, probs):
+                for (prefix, q), dist in zip(tested.items(), probs):
                     dists[kind, prefix] = dist
-                    q = math.prod(dists[kind, prefix[:d]][t] for d, t in enumerate(prefix))
                     reach.update({prefix + (t,): q * p for t, p in dist.items()})
     return prompt, dists
 
