@@ -84,6 +84,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--attention-backend", default=None,
+                   help="vLLM attention backend for every method (CUDA trees: FLEX_ATTENTION)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--kv-cache-gib", type=float, default=None,
                    help="KV cache size (default: room for the batch's longest requests at once)")
@@ -414,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
                 kv_cache_bytes(prompt_ids[:n], batch, args, per_token)
             job = {"model": model, "speculative_config": methods[name], "dtype": args.dtype,
                    "max_model_len": args.max_model_len, "kv_cache_bytes": int(kv),
+                   "attention_backend": args.attention_backend,
                    "batch_size": batch, "max_tokens": args.max_tokens,
                    "temperature": args.temperature, "prompt_ids": prompt_ids[:n],
                    "categories": [p.category for p in prompts[:n]],

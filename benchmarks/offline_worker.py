@@ -120,10 +120,12 @@ def _spec_summary(counters: dict, total_tokens: int, forwards: int) -> dict:
 def _build_llm(job: dict):
     from vllm import LLM
 
+    backend = {"attention_backend": job["attention_backend"]} \
+        if job.get("attention_backend") else {}
     return LLM(job["model"], speculative_config=job["speculative_config"], dtype=job["dtype"],
                enforce_eager=True, max_model_len=job["max_model_len"], seed=0,
                kv_cache_memory_bytes=job["kv_cache_bytes"], max_num_seqs=job["batch_size"],
-               disable_log_stats=False)
+               disable_log_stats=False, **backend)
 
 
 def _generate_stepwise(llm, prompts: list[list[int]], params) -> dict:

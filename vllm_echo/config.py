@@ -30,6 +30,10 @@ VLLM_PASSTHROUGH_KEYS = frozenset({
 ECHO_KEYS = frozenset({"k_max", "delta", "max_sweet_spots", "calibration_steps", "gating",
                        "fixed_tau", "shared_budget"})
 GATING_MODES = ("sparse", "dense")
+# How tree rows get their mask: "native" is the CPU backend's own kernel plus torch
+# for the tree rows (CPU only); "flex" is vLLM's FLEX_ATTENTION with the tree mask
+# (CUDA, and CPU through vllm_echo/plugin/cpu_flex_attention.py).
+TREE_ATTENTION_MODES = ("native", "flex")
 
 class SpeculativeConfigError(ValueError):
     """A speculative config vllm-echo cannot run; the message is one line naming
@@ -59,6 +63,8 @@ class EchoSettings:
             counting the root (drafts <= capacity - 1).
         tree: verify the whole forest as a token tree (default); False sends one
             chain per request (chain mode).
+        tree_attention: "native" or "flex" (TREE_ATTENTION_MODES); None: the
+            platform's default, filled in by the glue before the engine starts.
 
     ECHO only (``method="echo"``):
         k_max: verification budget per step for the whole batch, in draft tokens
@@ -83,6 +89,7 @@ class EchoSettings:
     topk: int = 64
     capacity: int = 64
     tree: bool = True
+    tree_attention: str | None = None
     k_max: int | None = None
     delta: float = 0.75
     max_sweet_spots: int = 3
@@ -115,6 +122,10 @@ class EchoSettings:
             if not isinstance(value, bool):
                 raise SpeculativeConfigError(f"speculative_config: {name}={value!r} has type "
                                  f"{type(value).__name__}; expected true or false")
+        if self.tree_attention is not None and self.tree_attention not in TREE_ATTENTION_MODES:
+            raise SpeculativeConfigError(
+                f"speculative_config: tree_attention={self.tree_attention!r} is invalid; "
+                f"allowed: {' or '.join(map(repr, TREE_ATTENTION_MODES))}")
         self._check_echo()
 
     def _check_echo(self) -> None:

@@ -17,6 +17,8 @@ def test_defaults_follow_the_logitspec_reference():
     ({"method": "logitspec", "topk": -1}, ["topk=-1", "allowed"]),
     ({"method": "logitspec", "capacity": 1}, ["capacity=1", "[2, 129]"]),
     ({"method": "logitspec", "tree": "yes"}, ["tree='yes'", "true or false"]),
+    ({"method": "logitspec", "tree_attention": "cuda"}, ["tree_attention='cuda'",
+                                                         "'native' or 'flex'"]),
     ({"method": "logitspec", "k_max": 8}, ["'k_max'", "method 'echo' only"]),
     ({"method": "echo", "k_max": 0}, ["k_max=0", "integer >= 1"]),
     ({"method": "echo", "delta": 0.5}, ["delta=0.5", "(0.5, 1)"]),

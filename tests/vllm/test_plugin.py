@@ -62,6 +62,20 @@ def test_logitspec_trees_on_cpu_when_asked_for(model_path):
         assert ours["tree"] is True, spec
 
 
+def test_tree_attention_defaults_to_the_platform_and_is_checked_against_it(monkeypatch):
+    from vllm_echo.plugin import config_shim
+
+    def tree_attention(spec):
+        return config_shim.rewrite(spec, None)[1][ADDITIONAL_CONFIG_KEY]["tree_attention"]
+
+    assert tree_attention({"method": "echo"}) == config_shim.CPU_TREE_ATTENTION
+    assert tree_attention({"method": "echo", "tree_attention": "flex"}) == "flex"
+    monkeypatch.setattr(config_shim, "_on_cpu", lambda: False)
+    assert tree_attention({"method": "logitspec"}) == "flex"
+    with pytest.raises(ValueError, match="tree_attention='native' is the CPU backend's"):
+        tree_attention({"method": "logitspec", "tree_attention": "native"})
+
+
 def test_kv_connectors_and_async_scheduling_are_refused_by_name(model_path):
     from vllm.config import KVTransferConfig
 

@@ -44,6 +44,9 @@ SPECS = {  # name: speculative config, engine arguments, sampling kinds
     # colours, from the top-k of the logits that produced the last one) hang beside
     # it, so a tree of capacity 4 is three likely siblings at the root
     "logitspec": ({"method": "logitspec", "capacity": 4, "span": 1}, {}, tuple(KINDS)),
+    # the same trees under FLEX_ATTENTION's tree mask and slot compaction (CI time: one kind)
+    "logitspec-flex": ({"method": "logitspec", "capacity": 4, "span": 1, "tree_attention": "flex"},
+                       {}, ("temperature",)),
     # ECHO drafts where its cost model says it pays, a small batch; its trees share
     # the verifier above, its chains go to vLLM's rejection sampler (CI time: one kind)
     "echo": ({"method": "echo", "span": 1}, {"max_num_seqs": 32}, ("temperature",)),
@@ -192,7 +195,7 @@ def test_sampled_tokens_follow_the_target_distribution(model_path, reference, na
         assert not outside, f"{kind}: tokens sampled outside the target's support: {outside}"
         assert dof >= 5, (kind, dof)
         assert p_value(stat, dof) > ALPHA, f"{kind}: chi-square {stat:.1f} on {dof} dof, {stats}"
-    if name == "logitspec":
+    if spec["method"] == "logitspec":
         # trees were verified (the scheduled drafts of the others were a plain chain),
         # and some accepted a sibling that was not the first branch (its KV was
         # compacted): the rejection walk's residuals ran

@@ -107,9 +107,12 @@ def expected(model_path, questions) -> dict:
         return battery(server, questions)
 
 
-# On CPU plain logitspec verifies chains; trees are what preemption must survive.
-@pytest.fixture(scope="module", params=[{"method": "echo"}, {"method": "logitspec", "tree": True}],
-                ids=["echo", "logitspec"])
+# On CPU plain logitspec verifies chains; trees are what preemption must survive, on
+# the native CPU tree path and on FLEX_ATTENTION's (the GPU path's mask and compaction).
+@pytest.fixture(scope="module",
+                params=[{"method": "echo"}, {"method": "logitspec", "tree": True},
+                        {"method": "logitspec", "tree": True, "tree_attention": "flex"}],
+                ids=["echo", "logitspec", "logitspec-flex"])
 def served(request, model_path, questions):
     """(method, battery answers, /metrics after them, the live server)."""
     with openai_server(model_path, request.param, max_model_len=MAX_MODEL_LEN,

@@ -28,6 +28,9 @@ CPU_LOGITSPEC_CAPACITY = 8
 # request at batch 1 (k_max 4-6 at the end of fp32 runs; 9 / 17 tokens cost 1.19 /
 # 1.44x a plain step), so a 64-node forest is drafting and planning work for nothing.
 CPU_ECHO_CAPACITY = 16
+# Tree attention on the CPU when the user names none ("tree_attention"); CUDA has
+# only "flex".
+CPU_TREE_ATTENTION = "native"
 
 
 def _on_cpu() -> bool:
@@ -64,11 +67,18 @@ def rewrite(spec: dict[str, Any], additional_config: dict[str, Any] | None,
     _check_passthrough(spec)
     vllm_spec = {k: spec[k] for k in VLLM_PASSTHROUGH_KEYS if k in spec}
     ours = {k: v for k, v in spec.items() if k not in VLLM_PASSTHROUGH_KEYS}
-    if "capacity" not in ours and _on_cpu():
+    on_cpu = _on_cpu()
+    if "capacity" not in ours and on_cpu:
         if method == "logitspec" and "tree" not in ours:
             ours["tree"] = False
         ours["capacity"] = CPU_LOGITSPEC_CAPACITY if method == "logitspec" else CPU_ECHO_CAPACITY
     settings = EchoSettings.from_dict(ours)
+    if settings.tree_attention is None:
+        ours["tree_attention"] = CPU_TREE_ATTENTION if on_cpu else "flex"
+    elif settings.tree_attention == "native" and not on_cpu:
+        raise SpeculativeConfigError(
+            "speculative_config: tree_attention='native' is the CPU backend's tree path; "
+            "allowed here: 'flex' (with --attention-backend FLEX_ATTENTION)")
     _check_model(method, model_config)
     _check_parallel(method, parallel_config)
     if settings.tree:

@@ -34,17 +34,30 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from vllm_echo.ops.tree_mask import BITS_PER_WORD, build_tree_mask
+from vllm_echo.ops.tree_mask import BITS_PER_WORD, build_tree_mask, num_mask_words
 from vllm_echo.plugin import tree_state
 
 _NO_TREE = torch.iinfo(torch.int64).max // 2
 _MARK = "_vllm_echo_tree_mask"
 
 
+# Mask rows are this wide whatever the step's trees: with the query dimension sized
+# to the metadata's persistent buffers, the tables keep one shape across steps, so
+# the compiled flex_attention is not re-specialised on them (inductor's CPU template
+# failed to compile such a re-specialisation). 160 bits hold the largest tree vLLM
+# lets us verify (128 drafts and the root).
+MASK_WORDS = num_mask_words(160)
+
+
 def step_mask_tables(trees: list[tree_state.TreeRows], num_query_tokens: int,
                      device: Any = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """``(tree_start [T] int64, anc_words [T, W] int32)`` for the step's flattened
-    query tokens; rows of tokens outside trees see no tree (start = huge)."""
+    """``(tree_start [T] int64, anc_words [T, MASK_WORDS] int32)`` for the step's
+    flattened query tokens (T >= the step's tokens); rows of tokens outside trees
+    see no tree (start = huge)."""
+    tree_start = torch.full((num_query_tokens,), _NO_TREE, dtype=torch.int64, device=device)
+    anc_words = torch.zeros(num_query_tokens, MASK_WORDS, dtype=torch.int32, device=device)
+    if not trees:
+        return tree_start, anc_words
     # the op's trees include the root as local node 0 (parent -1)
     parents = np.concatenate([np.concatenate([[-1], t.parents.astype(np.int64) + 1])
                               for t in trees]).astype(np.int32)
@@ -52,12 +65,10 @@ def step_mask_tables(trees: list[tree_state.TreeRows], num_query_tokens: int,
     cu = np.cumsum([0] + num_rows).astype(np.int32)
     base = torch.tensor([t.context_len for t in trees], dtype=torch.int64)
     _, words = build_tree_mask(torch.from_numpy(parents).to(device), torch.from_numpy(cu).to(device),
-                               base.to(device), max(num_rows), validate=False)
+                               base.to(device), MASK_WORDS * BITS_PER_WORD, validate=False)
     rows = torch.from_numpy(np.concatenate(
         [np.arange(t.query_start, t.query_start + t.num_rows) for t in trees])).to(device)
-    tree_start = torch.full((num_query_tokens,), _NO_TREE, dtype=torch.int64, device=device)
     tree_start[rows] = torch.repeat_interleave(base, torch.tensor(num_rows)).to(device)
-    anc_words = torch.zeros(num_query_tokens, words.shape[1], dtype=torch.int32, device=device)
     anc_words[rows] = words
     return tree_start, anc_words
 
@@ -81,6 +92,9 @@ def tree_mask_mod(logical_kv: Callable[[torch.Tensor, torch.Tensor], torch.Tenso
 
 # What the wrapper reads from FlexAttentionMetadata (vLLM 0.32 names).
 _METADATA_ATTRIBUTES = ("get_mask_mod", "_convert_physical_to_logical")
+# Instance fields it reads: ``doc_ids`` (query token -> request), ``uses_paged_kv``,
+# and the buffer doc_ids is a view of, which sizes the tables.
+_PERSISTENT_DOC_IDS = "persistent_doc_ids"
 
 
 def install_flex_tree_mask() -> str | None:
@@ -104,20 +118,29 @@ def install_flex_tree_mask() -> str | None:
             tree_context = tree_state.context_of_runner(runner_on_stack())
         except Exception:  # a step left without its mask accepts no draft (verify_step_trees)
             return mask_mod
-        step = tree_context.step if tree_context is not None else None
-        if step is None or not step.trees or step.failed:
+        if tree_context is None or tree_context.mode != "flex":
             return mask_mod
+        step = tree_context.step
+        if step is not None and step.failed:
+            return mask_mod
+        # Steps without trees get the tree mask too, with tables that let every row
+        # through: one mask function for every step, so the compiled flex_attention
+        # is specialised once, not per kind of step.
+        trees = step.trees if step is not None else []
         try:
             if not self.uses_paged_kv:
                 return mask_mod
-            if step.mask_tables is None:  # once per step, shared by every layer's metadata
-                step.mask_tables = step_mask_tables(step.trees, self.doc_ids.shape[0],
-                                                    self.doc_ids.device)
-            tables = step.mask_tables
+            tables = step.mask_tables if step is not None else None
+            if tables is None:  # once per step, shared by every layer's metadata
+                rows = getattr(self, _PERSISTENT_DOC_IDS, self.doc_ids).shape[0]
+                tables = step_mask_tables(trees, rows, self.doc_ids.device)
+                if step is not None:
+                    step.mask_tables = tables
             convert = self._convert_physical_to_logical
             doc_ids = self.doc_ids
         except Exception:  # tree rows keep the causal mask: the step's trees accept nothing
-            step.failed = True
+            if step is not None:
+                step.failed = True
             return mask_mod
 
         def logical_kv(q_idx, kv_idx):
@@ -148,3 +171,4 @@ def compact_accepted_path(tree: tree_state.TreeRows, row_offset: int, path: list
         # the right side is gathered (a copy) before anything is written
         kv_cache[dst // block_size, :, dst % block_size] = \
             kv_cache[src // block_size, :, src % block_size]
+

@@ -72,24 +72,44 @@ themselves off (same log line and counter) on a call they do not understand.
    Remove when: vLLM gives tree drafts RoPE positions by depth itself (the same
       native tree verification as entry 2).
 
-4. ``AttentionBackendEnum.CPU_ATTN`` -> ``TreeCPUAttentionBackend`` (registry override;
-   tree mode on CPU only, registered from the proposer's __init__ in the worker)
-   What: a subclass of the CPU backend whose impl runs the native kernel, then
-      recomputes in torch the rows of tree requests that causal attention gets
-      wrong, and captures tree rows' K/V in ``do_kv_cache_update`` for compaction.
-      The override is process-wide; each impl reads its engine's step through its
-      own ``tree_context`` (set by tree_support.check_model in ``load_model``), and
-      one without it (another engine in the process) is plain CPU_ATTN.
+4. ``AttentionBackendEnum.CPU_ATTN`` -> ``TreeCPUAttentionBackend`` or
+   ``CPUFlexAttentionBackend`` (registry override; tree mode on CPU only, registered
+   from the proposer's __init__ in the worker, put back in its ``load_model``)
+   What: ``"tree_attention": "native"``: a subclass of the CPU backend whose impl
+      runs the native kernel, then recomputes in torch the rows of tree requests
+      that causal attention gets wrong, and captures tree rows' K/V in
+      ``do_kv_cache_update`` for compaction. Each impl reads its engine's step
+      through its own ``tree_context`` (set by tree_support.check_model in
+      ``load_model``), and one without it is plain CPU_ATTN.
+      ``"flex"``: vLLM's FlexAttention backend (cpu_flex_attention.py) with a torch
+      cache write where ``reshape_and_cache_flash`` is missing (the CPU wheel), and
+      block masks padded to one shape: the whole cache's blocks by the most query
+      tiles, with empty "full block" tables. The tree mask is entry 8's.
+      The override lasts while the engine builds its model: ``load_model`` restores
+      what CPU_ATTN loaded before and clears vLLM's per-process backend cache
+      (``vllm.v1.attention.selector._cached_get_attn_backend.cache_clear``), so an
+      engine built later in the same process gets its own choice.
    Why: the CPU kernel has no mask input; only overriding CPU_ATTN itself is
-      honoured on CPU (platforms/cpu.py:177-179).
+      honoured on CPU (platforms/cpu.py:177-179). Inductor's CPU FlexAttention
+      lowering asserts KV length <= block-table width x block size
+      (torch/_inductor/kernel/flex/flex_cpu.py:318-327), while vLLM's direct build
+      sizes the table by the batch's blocks and passes the whole cache as keys; the
+      CPU template also failed to compile some re-specialisations (a decode step's
+      single query row without full-block tables, tables whose shapes change).
    Upstream: vllm/v1/attention/backends/registry.py:340 (register_backend),
-      cpu_attn.py:344-487 (forward, do_kv_cache_update).
+      cpu_attn.py:344-487 (forward, do_kv_cache_update), flex_attention.py:676-806
+      (_build_block_mask_direct), :1225-1243 (do_kv_cache_update),
+      v1/attention/selector.py:203 (the cache).
    Drift: a failed recompute marks the step failed (its trees accept no draft); a
       failed K/V capture leaves that layer out, and compaction, which checks that
       every attention layer was captured, refuses: only nodes already in place
-      are kept.
+      are kept. Without the selector cache's ``cache_clear`` a second engine in one
+      process keeps the first one's backend: tree_support.check_model then finds an
+      impl that is not tree-capable and keeps that engine in chain mode.
    Remove when: the CPU attention kernel takes a per-request tree mask (or vLLM's
-      CPU backend verifies spec-decode trees itself).
+      CPU backend verifies spec-decode trees itself); for "flex", when vLLM's CPU
+      platform offers FLEX_ATTENTION with a cache write, and inductor's CPU
+      FlexAttention takes a block table narrower than the keys.
 
 5. ``EngineArgs.create_engine_config`` (class attribute, wrapped)
    What: after the original, if the new VllmConfig carries our settings, refuse
@@ -139,11 +159,15 @@ themselves off (same log line and counter) on a call they do not understand.
    Remove when: ``_rebind_kernels`` skips attributes whose ``__dict__`` is not a dict
       (or llvmlite stops wrapping dunder names).
 
-8. ``FlexAttentionMetadata.get_mask_mod`` (class attribute, wrapped; CUDA tree mode
-   only, installed from the proposer's __init__ via tree_support.prepare)
-   What: while the step has tree requests, AND a tree mask into the mask vLLM
-      composes: a tree row sees its request's prefix, root, ancestors and itself
-      (vllm_echo.plugin.flex_tree_attention); unchanged otherwise. The patch is
+8. ``FlexAttentionMetadata.get_mask_mod`` (class attribute, wrapped; "flex" tree mode,
+   CUDA or CPU, installed from the proposer's __init__ via tree_support.prepare)
+   What: under a runner whose engine runs flex trees, AND a tree mask into the mask
+      vLLM composes: a tree row sees its request's prefix, root, ancestors and
+      itself (vllm_echo.plugin.flex_tree_attention); steps without trees get the
+      same mask with tables that let every row through, so compiled FlexAttention
+      sees one mask function. The tables have one shape (the metadata's
+      ``persistent_doc_ids`` length by 5 words). Metadata of other engines is
+      unchanged. The patch is
       process-wide and the metadata has no reference to its engine, so the step is
       read from the TreeContext of the runner building the metadata, found up the
       call stack (runner_hooks.runner_on_stack, as in entry 9); metadata built under
@@ -199,7 +223,11 @@ Private vLLM attributes read (vLLM 0.32 names), where, and what happens without 
   CPU metadata builder after start-up) and the impl's ``scale`` are read per step
   under the entry-4 fallbacks.
 - FlexAttentionMetadata ``_convert_physical_to_logical`` (probed, entry 8),
-  ``doc_ids``, ``uses_paged_kv`` (per step, entry 8 fallback).
+  ``doc_ids``, ``uses_paged_kv``, ``persistent_doc_ids`` (per step, entry 8 fallback;
+  without the last the tables are sized by ``doc_ids``); on CPU with "flex" also
+  ``block_mask``, ``persistent_doc_ids``, ``q_block_size``, ``num_blocks`` and the
+  BlockMask's tables (per step, cpu_flex_attention.CPUFlexAttentionImpl.forward).
+- ``vllm.v1.attention.selector._cached_get_attn_backend`` (entry 4; skipped if absent).
 - The call stack's ``self`` locals (entries 8 and 9) and ``worker.model_runner.drafter``
   (proposer.worker_stats, read with defaults).
 

@@ -104,8 +104,8 @@ class LogitSpecProposer:
         # This engine's trees, step in flight and verdicts, shared with the runner
         # hooks and attention layers that load_model ties to it.
         self.tree_context = TreeContext()
-        self.tree_enabled = self.settings.tree and tree_support.prepare(self.tree_context,
-                                                                        vllm_config)
+        self.tree_enabled = self.settings.tree and tree_support.prepare(
+            self.tree_context, vllm_config, self.settings.tree_attention)
         self._timer: Any = None  # runner_hooks.StepTimer, for proposers that cost steps
         self._vllm_config = vllm_config
         self._rank_zero: RankZeroDrafts | None = None  # tensor parallel: rank 0 drafts
@@ -119,6 +119,7 @@ class LogitSpecProposer:
     # -- vLLM contract -------------------------------------------------------------
 
     def load_model(self, model: Any) -> None:  # mandatory on CPU (called without hasattr)
+        tree_support.end_cpu_route(self.tree_context)  # the attention layers exist now
         try:
             self._runner = find_runner()
         except Exception as exc:

@@ -98,6 +98,8 @@ class TreeContext:
     mode: str | None = None
     attention_layers: list[Any] = field(default_factory=list)
     layout_checked: bool = False
+    # On CPU, what puts vLLM's CPU_ATTN back once this engine's model is built.
+    restore_cpu_backend: Any = None
 
     def take_step(self) -> StepTrees | None:
         """The step in flight, which is then over (sampling consumes it once)."""

@@ -1,14 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """Where tree verification is available, decided once per engine worker.
 
-Trees need a per-request attention mask. Two backends provide one: on CPU our
-CPU_ATTN subclass (vllm_echo/plugin/cpu_tree_attention.py), on CUDA vLLM's
-FLEX_ATTENTION with our mask ANDed in (vllm_echo/plugin/flex_tree_attention.py;
-selected by the user with ``--attention-backend FLEX_ATTENTION``, eager mode).
-Anything else — another GPU backend, CUDA graphs, a model feature the tree path
-does not implement, an unknown KV packing — keeps the proposer in chain mode,
-said once in the log. What is decided is kept in the engine's TreeContext
-(tree_state.py).
+Trees need a per-request attention mask. Two backends provide one, chosen by the
+``tree_attention`` setting: "native", on CPU only, our CPU_ATTN subclass
+(vllm_echo/plugin/cpu_tree_attention.py); "flex", vLLM's FLEX_ATTENTION with our mask
+ANDed in (vllm_echo/plugin/flex_tree_attention.py), on CUDA selected by the user with
+``--attention-backend FLEX_ATTENTION`` in eager mode, on CPU put in CPU_ATTN's place
+(cpu_flex_attention.py). Anything else — another GPU backend, CUDA graphs, a model
+feature the tree path does not implement, an unknown KV packing — keeps the proposer
+in chain mode, said once in the log. What is decided is kept in the engine's
+TreeContext (tree_state.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ from vllm_echo.plugin.tree_state import TreeContext
 
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
 
-_TREE_BACKEND = "vllm_echo.plugin.cpu_tree_attention.TreeCPUAttentionBackend"
+_CPU_BACKENDS = {
+    "native": "vllm_echo.plugin.cpu_tree_attention.TreeCPUAttentionBackend",
+    "flex": "vllm_echo.plugin.cpu_flex_attention.CPUFlexAttentionBackend",
+}
 # Private attributes of vLLM's Attention layer that capture and compaction read.
 _LAYER_ATTRIBUTES = ("layer_name", "kv_cache", "_k_scale_float", "_v_scale_float")
 
@@ -30,10 +34,11 @@ def _chain_mode(reason: str) -> bool:
     return False
 
 
-def prepare(tree_context: TreeContext, vllm_config: Any) -> bool:
+def prepare(tree_context: TreeContext, vllm_config: Any, tree_attention: str | None) -> bool:
     """Called from the proposer's __init__, before the model (and its attention
-    layers) is built: route CPU_ATTN through the tree-capable subclass, or add the
-    tree mask to FLEX_ATTENTION on CUDA."""
+    layers) is built. CPU: route CPU_ATTN through the tree-capable subclass
+    (``tree_attention`` "native") or through FLEX_ATTENTION ("flex"). Flex, on CPU or
+    CUDA: add the tree mask to FLEX_ATTENTION."""
     from vllm.platforms import current_platform
 
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
@@ -41,24 +46,63 @@ def prepare(tree_context: TreeContext, vllm_config: Any) -> bool:
     model_config = vllm_config.model_config
     if getattr(model_config, "uses_mrope", False):
         return _chain_mode("M-RoPE positions")
-    if current_platform.is_cpu():
-        from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
-
-        register_backend(AttentionBackendEnum.CPU_ATTN, _TREE_BACKEND)
+    on_cpu = current_platform.is_cpu()
+    if not on_cpu and not current_platform.is_cuda():
+        return _chain_mode(f"no tree attention for platform {current_platform.device_name!r}")
+    if on_cpu and tree_attention != "flex":
+        _route_cpu_attention(tree_context, _CPU_BACKENDS["native"])
         tree_context.mode = "cpu"
         return True
-    if current_platform.is_cuda():
-        if not getattr(model_config, "enforce_eager", False):
-            return _chain_mode("tree verification on CUDA runs in eager mode only "
-                               "(enforce_eager=True / --enforce-eager)")
-        from vllm_echo.plugin.flex_tree_attention import install_flex_tree_mask
+    if not on_cpu and not getattr(model_config, "enforce_eager", False):
+        return _chain_mode("tree verification on CUDA runs in eager mode only "
+                           "(enforce_eager=True / --enforce-eager)")
+    from vllm_echo.plugin.flex_tree_attention import install_flex_tree_mask
 
-        reason = install_flex_tree_mask()  # inert unless the layers are FLEX_ATTENTION
-        if reason is not None:
-            return _chain_mode(reason)
-        tree_context.mode = "flex"
-        return True
-    return _chain_mode(f"no tree attention for platform {current_platform.device_name!r}")
+    reason = install_flex_tree_mask()  # inert unless the layers are FLEX_ATTENTION
+    if reason is not None:
+        return _chain_mode(reason)
+    if on_cpu:
+        _route_cpu_attention(tree_context, _CPU_BACKENDS["flex"])
+    tree_context.mode = "flex"
+    return True
+
+
+def _route_cpu_attention(tree_context: TreeContext, class_path: str) -> None:
+    """The CPU platform always picks CPU_ATTN: load ``class_path`` under that name
+    while this engine builds its model (``end_cpu_route`` puts the previous one back)."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    backend = AttentionBackendEnum.CPU_ATTN
+    previous = backend.get_path() if backend.is_overridden() else None
+
+    def restore() -> None:
+        if previous is None:
+            backend.clear_override()
+        else:
+            register_backend(backend, previous)
+        _forget_selected_backends()
+
+    register_backend(backend, class_path)
+    _forget_selected_backends()
+    tree_context.restore_cpu_backend = restore
+
+
+def end_cpu_route(tree_context: TreeContext) -> None:
+    """Called once the model is built (load_model): later engines in this process get
+    the backend they would have had without this one."""
+    restore, tree_context.restore_cpu_backend = tree_context.restore_cpu_backend, None
+    if restore is not None:
+        restore()
+
+
+def _forget_selected_backends() -> None:
+    """vLLM caches its backend choice per process; an engine built in a process where
+    another one already chose would get that choice, whatever the override says."""
+    from vllm.v1.attention import selector
+
+    cached = getattr(selector, "_cached_get_attn_backend", None)
+    if hasattr(cached, "cache_clear"):
+        cached.cache_clear()
 
 
 def compacts_by_slot(tree_context: TreeContext) -> bool:
