@@ -322,11 +322,11 @@ class EchoDrafter:
     """ECHO as a replay drafter: the planner sees the batch's forests each step and
     learns from each step's verdicts. The engine's timings are replaced by the replay's
     cost function, fed to the planner's cost model as the plugin feeds measured ones;
-    the probing when no draft can pay is the plugin's (echo_proposer). ``stats()``: its
-    own planning time per step and what it learned."""
+    when no draft can pay, the planner's probing policy decides, as in the plugin
+    (EchoPlanner.step_explore). ``stats()``: its own planning time per step and what it
+    learned."""
 
-    def __init__(self, overrides: dict | None = None, probe_every: int = 16,
-                 probe_nodes: int = 4):
+    def __init__(self, overrides: dict | None = None):
         from vllm_echo.algos.echo.planner import EchoPlanner
         from vllm_echo.config import EchoSettings
 
@@ -334,7 +334,6 @@ class EchoDrafter:
                                                 **(overrides or {})})
         self.cap = self.settings.max_drafts
         self.planner = EchoPlanner(self.settings)
-        self.probe_every, self.probe_nodes = probe_every, probe_nodes
         self.steps = self.tree_steps = 0
         self.plan_s = 0.0
         self._plans: list = []
@@ -348,8 +347,8 @@ class EchoDrafter:
         start = time.perf_counter()
         empty = (np.empty(0, np.int32), np.empty(0, np.int32))
         drafts, self._plans = [empty] * len(states), [None] * len(states)
-        probe = self.planner.nothing_can_pay(len(states))
-        if not probe or self.steps % self.probe_every == 0:
+        explore = self.planner.step_explore(len(states))
+        if explore is not None:
             settings = self.settings
             candidates = []
             for state, pos in zip(states, positions):
@@ -359,7 +358,7 @@ class EchoDrafter:
                 candidates.append(Candidates(*nodes, head_logp=np.asarray(
                     state.topk_logp[pos], dtype=np.float64)))
             drafts, self._plans = self.planner.plan(
-                candidates, self.cap, explore=self.probe_nodes if probe else 0)
+                candidates, self.cap, explore=explore)
         self.plan_s += time.perf_counter() - start
         return drafts
 

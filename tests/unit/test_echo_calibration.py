@@ -176,23 +176,17 @@ def test_calibrator_skips_depths_without_nodes():
     assert np.isnan(gate.aucs[1])
 
 
-def test_calibrator_recalibration_and_window():
-    cal = Calibrator(max_depth=2, warmup_steps=4, recalibrate_every=3,
-                     min_samples_per_class=1)
-    for _ in range(4):
-        cal.observe([0.5, 0.5], 1)
-    assert cal.ready
-    cal.finalize()
-    assert not cal.ready
+def test_calibrator_is_ready_once_after_the_warm_up():
+    cal = Calibrator(max_depth=2, warmup_steps=4, min_samples_per_class=1)
     for _ in range(3):
         cal.observe([0.5, 0.5], 1)
-    assert cal.ready and cal.num_observations == 7
-    once = Calibrator(max_depth=2, warmup_steps=2)
-    once.observe([0.5, 0.5], 1)
-    once.observe([0.5, 0.5], 1)
-    once.finalize()
-    once.observe([0.5, 0.5], 1)
-    assert not once.ready  # no recalibration configured
+    assert not cal.ready
+    cal.observe([0.5, 0.5], 1)
+    assert cal.ready and cal.num_observations == 4
+    cal.finalize()
+    for _ in range(8):
+        cal.observe([0.5, 0.5], 1)
+    assert not cal.ready  # calibrated once, thresholds frozen
 
 
 def test_calibrator_rejects_bad_observations():

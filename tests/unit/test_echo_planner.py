@@ -359,6 +359,21 @@ def test_nothing_can_pay_when_break_even_exceeds_every_learned_rate():
     assert planner.nothing_can_pay(512)  # 0.002*512/(0.05+1.024) = 0.95 > 0.5
 
 
+def test_step_explore_probes_every_so_often_when_nothing_can_pay():
+    from vllm_echo.algos.echo.planner import PROBE_EVERY, PROBE_NODES
+
+    planner = EchoPlanner(EchoSettings(method="echo"))
+    for n in (1, 10, 30, 60, 1, 10, 30, 60):
+        planner.cost.add(n, 0.05 + 0.002 * n)
+    assert [planner.step_explore(1) for _ in range(3)] == [0, 0, 0]  # drafts can pay
+    # nothing can pay at batch 512: every PROBE_EVERY-th step (counting all steps) plans
+    # with PROBE_NODES nodes to explore; the others draft nothing
+    got = [planner.step_explore(512) for _ in range(2 * PROBE_EVERY)]
+    probing = [i + 3 for i, explore in enumerate(got) if explore is not None]
+    assert all(i % PROBE_EVERY == 0 for i in probing) and len(probing) == 2
+    assert {got[i - 3] for i in probing} == {PROBE_NODES}
+
+
 def test_probe_steps_explore_so_drafting_can_resume():
     # Cost model where verifying is dear (break-even 0.5 at B=8) and early drafts all
     # rejected: every learned rate is below break-even, so the budget admits nothing.

@@ -25,8 +25,6 @@ logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and l
 
 _EMPTY = np.empty(0, dtype=np.int32)
 _STATS_LOG_EVERY = 500  # steps between ECHO statistics log lines
-_PROBE_EVERY = 16  # when no draft can pay for itself, still plan every this many steps
-_PROBE_NODES = 4  # and verify this many nodes then (planner.plan's explore), to keep learning
 
 
 class EchoProposer(LogitSpecProposer):
@@ -52,8 +50,8 @@ class EchoProposer(LogitSpecProposer):
         self._release_finished(batch.req_id_to_index)
         self._observe(req_ids, sampled_token_ids)
         live = sum(1 for s in sampled_token_ids if s)
-        probe = self.planner.nothing_can_pay(live)
-        if probe and self.stats.steps % _PROBE_EVERY:
+        explore = self.planner.step_explore(live)
+        if explore is None:
             self.stats.steps += 1
             for req_id in req_ids[:len(sampled_token_ids)]:
                 self.tree_context.trees.pop(req_id, None)
@@ -83,7 +81,7 @@ class EchoProposer(LogitSpecProposer):
             candidates.append(Candidates(*nodes, head_logp=head_logp))
             tree_mode.append(use_tree)
         drafts, plans = self.planner.plan(candidates, self.num_speculative_tokens,
-                                          explore=_PROBE_NODES if probe else 0,
+                                          explore=explore,
                                           num_requests=live)
         trees = self.tree_context.trees
         out: list[list[int]] = []

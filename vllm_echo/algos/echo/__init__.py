@@ -8,8 +8,9 @@ Per step, for a batch of retrieval forests:
 2. :func:`truncation_depth` with the current :class:`GateConfig`
    (:data:`DEFAULT_GATE` until a :class:`Calibrator` has finalized); the planner does
    1-2 in one compiled pass (:mod:`vllm_echo.algos.echo.forest_scoring`);
-3. :func:`schedule_budget` over :class:`CandidateTree` objects under K_max
-   (from :func:`knee_k_max`), then :func:`subtree` per request;
+3. :func:`schedule_budget` over :class:`CandidateTree` objects under K_max (chosen
+   by the planner from its :class:`~vllm_echo.algos.echo.cost.CostModel`), then
+   :func:`subtree` per request;
 4. after verification: :meth:`AcceptancePrior.observe_tree`,
    :meth:`Calibrator.observe` (warm-up), :meth:`EchoStepStats.record_step`.
 """
@@ -18,8 +19,6 @@ from vllm_echo.algos.echo.budget import (BudgetResult, CandidateTree, schedule_b
                                          subtree)
 from vllm_echo.algos.echo.calibration import (DEFAULT_GATE, Calibrator, GateConfig,
                                               auc_mann_whitney, youden_threshold)
-from vllm_echo.algos.echo.cost import (KneeResult, expected_tokens_per_second, knee_k_max,
-                                       step_time_at)
 from vllm_echo.algos.echo.gate import GateDecision, truncation_depth, truncation_depths
 from vllm_echo.algos.echo.scores import AcceptancePrior, depth_confidence, path_scores
 from vllm_echo.algos.echo.stats import EchoStepStats
@@ -33,14 +32,10 @@ __all__ = [
     "EchoStepStats",
     "GateConfig",
     "GateDecision",
-    "KneeResult",
     "auc_mann_whitney",
     "depth_confidence",
-    "expected_tokens_per_second",
-    "knee_k_max",
     "path_scores",
     "schedule_budget",
-    "step_time_at",
     "subtree",
     "truncation_depth",
     "truncation_depths",

@@ -138,16 +138,15 @@ class Calibrator:
     recorded: there was nothing to gate, and counting them would reward any
     score for predicting "no node, no acceptance".
 
-    ``ready`` turns True after ``warmup_steps`` observations; after a
-    :meth:`finalize`, again every ``recalibrate_every`` observations if set.
-    Only the latest ``window`` observations are kept (default: the larger of
-    the warm-up, the recalibration period and 1024 trees, so observing a bit
-    past ``ready`` before finalizing loses nothing).
+    ``ready`` turns True after ``warmup_steps`` observations, until
+    :meth:`finalize` (calibration happens once). Only the latest ``window``
+    observations are kept (default: the larger of the warm-up and 1024 trees, so
+    observing a bit past ``ready`` before finalizing loses nothing).
     """
 
     def __init__(self, max_depth: int, delta: float = 0.75, max_sweet_spots: int = 3,
                  warmup_steps: int = 256, min_samples_per_class: int = 20,
-                 recalibrate_every: Optional[int] = None, window: Optional[int] = None):
+                 window: Optional[int] = None):
         if max_depth < 1:
             raise ValueError(f"max_depth must be >= 1, got {max_depth}")
         if not 0.5 <= delta < 1.0:
@@ -159,11 +158,8 @@ class Calibrator:
         if min_samples_per_class < 1:
             raise ValueError(f"min_samples_per_class must be >= 1, "
                              f"got {min_samples_per_class}")
-        if recalibrate_every is not None and recalibrate_every < 1:
-            raise ValueError(f"recalibrate_every must be >= 1 or None, "
-                             f"got {recalibrate_every}")
         if window is None:
-            window = max(warmup_steps, recalibrate_every or 0, 1024)
+            window = max(warmup_steps, 1024)
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
         self.max_depth = int(max_depth)
@@ -171,7 +167,6 @@ class Calibrator:
         self.max_sweet_spots = int(max_sweet_spots)
         self.warmup_steps = int(warmup_steps)
         self.min_samples_per_class = int(min_samples_per_class)
-        self.recalibrate_every = recalibrate_every
         self.window = int(window)
         # Ring buffer of the latest observations.
         self._conf = np.zeros((self.window, self.max_depth))
@@ -187,10 +182,7 @@ class Calibrator:
 
     @property
     def ready(self) -> bool:
-        if not self._finalized:
-            return self._since_finalize >= self.warmup_steps
-        return (self.recalibrate_every is not None
-                and self._since_finalize >= self.recalibrate_every)
+        return not self._finalized and self._since_finalize >= self.warmup_steps
 
     def observe(self, confidence_by_depth, reached_depth: int) -> None:
         """Record one verified tree: ``c[d-1]`` per depth, accepted length."""

@@ -62,6 +62,10 @@ _WARMUP_FACTORS = (1, 2, 4, 8)  # warm-up budgets, in eighths of a node per requ
 _OPTIMISM = 1.0
 # Buckets of a head's last-logit probability (bucket b+1 holds p >= edge b).
 _HEAD_P_EDGES = np.array([0.3, 0.1, 0.03, 0.01, 0.003])
+# When no draft can pay for itself, still plan every PROBE_EVERY steps and verify up to
+# PROBE_NODES nodes then (plan's explore): acceptance is learned from verdicts only.
+PROBE_EVERY = 16
+PROBE_NODES = 4
 
 
 def head_bucket(logp: np.ndarray) -> np.ndarray:
@@ -152,6 +156,7 @@ class EchoPlanner:
         self.last_k_max = 0
         self._warmup_steps = 0
         self._unpriced_tree_steps = 0
+        self._probe_steps = 0  # steps seen by step_explore
         self._break_even: tuple[Any, float] = (None, 0.0)  # ((cost fit, B), probability)
         self._checks: tuple[Any, Any] = (None, None)  # (gate, mode, ...), gate_checks
 
@@ -346,6 +351,15 @@ class EchoPlanner:
             num_tokens, num_trees = rest_tokens + size, rest_trees
             out.append((keep, size - len(keep)))
         return out
+
+    def step_explore(self, num_requests: int) -> int | None:
+        """How this step drafts, asked once per step before any forest is built: None
+        when no draft can pay and it is not a probing step (draft nothing), else the
+        ``explore`` to pass to :meth:`plan` (PROBE_NODES when probing, 0 otherwise)."""
+        step, self._probe_steps = self._probe_steps, self._probe_steps + 1
+        if not self.nothing_can_pay(num_requests):
+            return 0
+        return PROBE_NODES if step % PROBE_EVERY == 0 else None
 
     def nothing_can_pay(self, num_requests: int) -> bool:
         """True when, by the cost model, no candidate could be worth verifying this step:
