@@ -131,12 +131,16 @@ def install_flex_tree_mask() -> str | None:
         try:
             if not self.uses_paged_kv:
                 return mask_mod
-            tables = step.mask_tables if step is not None else None
-            if tables is None:  # once per step, shared by every layer's metadata
-                rows = getattr(self, _PERSISTENT_DOC_IDS, self.doc_ids).shape[0]
+            # once per step (shared by every layer's metadata); steps without trees
+            # share one pair of tables, kept by the engine
+            tables = step.mask_tables if step is not None else tree_context.idle_mask_tables
+            rows = getattr(self, _PERSISTENT_DOC_IDS, self.doc_ids).shape[0]
+            if tables is None or tables[0].shape[0] != rows:
                 tables = step_mask_tables(trees, rows, self.doc_ids.device)
                 if step is not None:
                     step.mask_tables = tables
+                else:
+                    tree_context.idle_mask_tables = tables
             convert = self._convert_physical_to_logical
             doc_ids = self.doc_ids
         except Exception:  # tree rows keep the causal mask: the step's trees accept nothing

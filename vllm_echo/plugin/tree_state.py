@@ -100,6 +100,9 @@ class TreeContext:
     layout_checked: bool = False
     # On CPU, what puts vLLM's CPU_ATTN back once this engine's model is built.
     restore_cpu_backend: Any = None
+    # FLEX_ATTENTION: the mask tables of steps without trees (they let every row
+    # through, and never change).
+    idle_mask_tables: Any = None
 
     def take_step(self) -> StepTrees | None:
         """The step in flight, which is then over (sampling consumes it once)."""
