@@ -40,6 +40,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common  # noqa: E402
 
+from vllm_echo.plugin.config_shim import CPU_ECHO_CAPACITY  # noqa: E402  (imports no vLLM)
+
 TOPK = 64
 DEFAULT_TRACE = Path(__file__).resolve().parent / "traces" / "spec_bench_12x128.jsonl"
 NO_TOKEN = -1  # a target "argmax" that matches no draft token
@@ -245,10 +247,9 @@ def hinge_step_ms(num_requests: int, num_drafts: int, num_trees: int,
     return 1.0 + max(0, num_requests + num_drafts - knee) / knee
 
 
-# name -> (step cost, ECHO's forest capacity there: the plugin's CPU default is 16,
-# vllm_echo.plugin.config_shim.CPU_ECHO_CAPACITY, elsewhere 64)
+# name -> (step cost, ECHO's forest capacity there: the plugin's CPU default, elsewhere 64)
 COST_CURVES: dict[str, tuple[Callable[[int, int, int], float], int]] = {
-    "cpu": (cpu_step_ms, 16), "gpu-like hinge (assumed)": (hinge_step_ms, 64)}
+    "cpu": (cpu_step_ms, CPU_ECHO_CAPACITY), "gpu-like hinge (assumed)": (hinge_step_ms, 64)}
 
 
 # -- replay ---------------------------------------------------------------------------
@@ -387,7 +388,7 @@ def echo_replay(rows: list[dict], overrides: dict | None = None, batch: int = 1,
     return {**replay(rows, drafter, batch, cost, num_requests), **drafter.stats()}
 
 
-ECHO_VARIANTS = {"echo (batch 1, capacity 16)": {"capacity": 16},
+ECHO_VARIANTS = {f"echo (batch 1, capacity {CPU_ECHO_CAPACITY})": {"capacity": CPU_ECHO_CAPACITY},
                  "echo chain mode (batch 1)": {"tree": False}}
 # The offline benchmark's ECHO rows, compared at every batch size.
 ECHO_ABLATIONS = {"echo": {}, "echo-dense": {"gating": "dense"},

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from vllm_echo.plugin.config_shim import CPU_ECHO_CAPACITY
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -23,6 +25,29 @@ def run_smoke(script: str, *args: str, timeout: float) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=timeout, check=False)
     assert proc.returncode == 0, f"{script} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
+
+
+def test_matrix_smoke(tmp_path: Path) -> None:
+    run_smoke("matrix.py", "--out", str(tmp_path), timeout=900)
+    cells = json.loads((tmp_path / "matrix.json").read_text())
+    assert [(c["workload"], c["dtype"], c["batch_size"]) for c in cells] == [
+        ("copy-edit", "float32", 1)]
+    (cell,) = cells
+    assert {e["method"] for e in cell["summary"]} == {"none", "ngram", "echo"}
+    assert all(v == "2/2" for v in cell["identical"].values()), cell["identical"]
+    # batch 1 on the copy-heavy set: "echo >= best" and "echo >= 1.10 x best", each with
+    # echo / best of the same round, and met or not by its median
+    assert [t["minimum"] for t in cell["targets"]] == [1.00, 1.10]
+    for target in cell["targets"]:
+        assert target["against"] in {"none", "ngram"} and len(target["ratios"]) == 1
+        assert target["met"] == (target["median"] >= target["minimum"])
+    assert "| copy-edit | float32 | 1 |" in (tmp_path / "matrix.md").read_text()
+
+
+def test_shipped_prompt_sets_match_their_build() -> None:
+    proc = subprocess.run([sys.executable, str(BENCH / "build_prompt_sets.py"), "--check"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_offline_smoke(tmp_path: Path) -> None:
@@ -70,7 +95,8 @@ def test_simulate_smoke(tmp_path: Path) -> None:
     results = report["methods"]
     assert results["none"]["tokens_per_step"] == pytest.approx(1.0)
     assert results["none"]["modeled_speedup"] == pytest.approx(1.0)
-    assert {"echo (batch 1, capacity 16)", "echo chain mode (batch 1)"} <= results.keys()
+    assert {f"echo (batch 1, capacity {CPU_ECHO_CAPACITY})",
+            "echo chain mode (batch 1)"} <= results.keys()
     for name, row in results.items():
         assert {"tokens_per_step", "drafted_per_step", "steps", "tokens",
                 "modeled_speedup"} <= row.keys(), name

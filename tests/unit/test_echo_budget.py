@@ -4,8 +4,7 @@ import pytest
 
 from vllm_echo.algos.echo.budget import CandidateTree, schedule_budget, subtree
 from vllm_echo.algos.echo.calibration import DEFAULT_GATE
-from vllm_echo.algos.echo.gate import truncation_depth
-from vllm_echo.algos.echo.scores import path_scores
+from echo_reference import path_scores, truncation_depth
 from vllm_echo.algos.tree import tree_depths, validate_tree
 
 
@@ -86,19 +85,6 @@ def test_cap_releases_budget_to_others():
     np.testing.assert_array_equal(res.selected[1], [0, 2, 4])
 
 
-def test_floor_guarantees_every_request_a_node():
-    strong = candidate(parents=chain_parents(6), path_probs=[0.99, 0.98, 0.97, 0.96, 0.95, 0.94])
-    weak = candidate(parents=[-1, -1], path_probs=[0.01, 0.005])
-    assert schedule_budget([strong, weak], k_max=6).selected[1].size == 0
-    res = schedule_budget([strong, weak], k_max=6, per_request_floor=1)
-    np.testing.assert_array_equal(res.selected[1], [0])
-    np.testing.assert_array_equal(res.selected[0], np.arange(5))
-    np.testing.assert_array_equal(res.from_floor, [1, 1])
-    # Floors that do not all fit go to the best top node first.
-    tight = schedule_budget([weak, strong], k_max=1, per_request_floor=1)
-    assert [s.size for s in tight.selected] == [0, 1]
-
-
 def test_frontier_is_enforced_even_for_non_monotone_scores():
     # A child scored above its parent (not a log-prob path, but S is caller data).
     tree = CandidateTree(np.array([1, 2, 3]), np.array([-1, 0, -1]),
@@ -112,7 +98,7 @@ def test_frontier_is_enforced_even_for_non_monotone_scores():
 def test_empty_inputs():
     empty = CandidateTree(np.array([], int), np.array([], int), np.array([]),
                           np.array([], int), 0, True)
-    res = schedule_budget([empty, candidate(**CONFIDENT)], k_max=3, per_request_floor=2)
+    res = schedule_budget([empty, candidate(**CONFIDENT)], k_max=3)
     assert res.selected[0].size == 0 and res.selected[1].size == 3
     assert schedule_budget([], k_max=5).used == 0
     assert schedule_budget([candidate(**CONFIDENT)], k_max=0).used == 0
@@ -176,11 +162,9 @@ def test_random_forests_properties(seed):
     trees = [random_forest(rng) for _ in range(int(rng.integers(1, 7)))]
     k_max = int(rng.integers(0, 60))
     cap = None if rng.random() < 0.5 else int(rng.integers(0, 15))
-    floor = int(rng.integers(0, 3))
     core = None if rng.random() < 0.3 else int(rng.integers(1, 3))
     for shared in (True, False):
-        kwargs = dict(k_max=k_max, per_request_cap=cap, per_request_floor=floor,
-                      shared_budget=shared, core_width=core)
+        kwargs = dict(k_max=k_max, per_request_cap=cap, shared_budget=shared, core_width=core)
         res = schedule_budget(trees, **kwargs)
         check_invariants(trees, res, k_max, cap, shared)
         again = schedule_budget(trees, **kwargs)

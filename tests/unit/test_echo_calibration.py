@@ -213,3 +213,31 @@ def test_calibrator_window_keeps_latest_observations():
         cal.observe([c], r)
     gate, _ = cal.finalize()
     assert gate.aucs[0] == 1.0 and gate.sweet_spots == (1, ) and gate.taus == (0.2, )
+
+
+def test_censored_labels_are_left_out_above_their_known_depth():
+    """Trees reach depth 2 iff c_2 > 0.5; but half of the high-c_2 trees were cut after
+    depth 1 and the cut hid where they went. Counted as 'stopped at 1', they make
+    depth 2 look uninformative; left out above the known depth, the split is found."""
+    rng = np.random.default_rng(11)
+
+    def run(with_known: bool):
+        cal = Calibrator(max_depth=3, warmup_steps=400)
+        for _ in range(400):
+            c2 = rng.uniform(0.05, 0.95)
+            conf = [0.9, c2, c2 / 2]
+            observed = (2 if c2 > 0.5 else 1, None)
+            if c2 > 0.5 and rng.random() < 0.5:
+                # cut after depth 1 where the target's next token was the unverified
+                # depth-2 child: reached 2 is known, depth 3 is not
+                observed = (2, 2) if with_known else (1, None)
+            cal.observe(conf, *observed)
+        return cal.finalize()[0]
+
+    censored = run(with_known=False)
+    corrected = run(with_known=True)
+    assert corrected.sweet_spots[:1] == (2,) and 0.4 < corrected.taus[0] <= 0.55
+    assert corrected.aucs[1] > 0.95 > censored.aucs[1]
+    # depth 3 of a cut tree is unknown: only the uncut trees label it
+    with pytest.raises(ValueError, match="below reached_depth"):
+        Calibrator(max_depth=3).observe([0.9, 0.5, 0.2], 2, known_depth=1)

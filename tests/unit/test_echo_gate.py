@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from vllm_echo.algos.echo.calibration import DEFAULT_GATE, GateConfig
-from vllm_echo.algos.echo.gate import GateDecision, truncation_depth, truncation_depths
+from echo_reference import GateDecision, truncation_depth, truncation_depths
 
 
 def chain(probs):

@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from vllm_echo.algos.echo.scores import (AcceptancePrior, depth_confidence,
-                                         exclusive_sibling_logp, path_scores)
+from echo_reference import depth_confidence, exclusive_sibling_logp, observe_tree, path_scores
+from vllm_echo.algos.echo.scores import AcceptancePrior
 from vllm_echo.algos.tree import tree_depths
 
 # LogitSpec-style forest: retrieved chain [0, 1, 2], branch [3 (candidate), 4, 5],
@@ -50,40 +50,9 @@ def test_prior_converges_to_rate():
     assert prior.prob(1, 1) == pytest.approx(0.7, abs=0.03)
 
 
-def test_prior_decay_forgets():
-    prior = AcceptancePrior(max_ngram=1, decay=0.5)
-    for _ in range(20):
-        prior.update([1], [1], [True])
-    for _ in range(20):
-        prior.update([1], [1], [False])
-    assert prior.prob(1, 1) < 0.2
-    assert prior.num_observations == pytest.approx(2.0, abs=1e-3)
-
-
-def test_prior_optimism_raises_depth_one_by_a_posterior_sd_shrinking_with_data():
-    plain = AcceptancePrior(max_ngram=1, max_depth=2)
-    hopeful = AcceptancePrior(max_ngram=1, max_depth=2, optimism=1.0)
-    for prior in (plain, hopeful):
-        prior.update([1, 1, 1], [1, 1, 1], [False] * 3)
-    # depth rate (0 + 2 * 0.5) / (3 + 2) = 0.2; bucket (0 + 2 * 0.2) / (3 + 2) = 0.08
-    assert plain.prob(1, 1) == pytest.approx(0.08)
-    assert hopeful.prob(1, 1) == pytest.approx(0.08 + math.sqrt(0.08 * 0.92 / 6))
-    rng = np.random.default_rng(0)
-    outcomes = rng.random(400) < 0.3
-    for prior in (plain, hopeful):
-        prior.update(np.ones(400, np.int64), np.ones(400, np.int64), outcomes)
-    p = plain.prob(1, 1)
-    assert hopeful.prob(1, 1) == pytest.approx(p + math.sqrt(p * (1 - p) / 406))
-    assert hopeful.prob(1, 1) - p < 0.025
-    # deeper rates stay plain
-    for prior in (plain, hopeful):
-        prior.update([2, 2], [1, 1], [True, False])
-    assert hopeful.prob(2, 1) == plain.prob(2, 1)
-
-
 @pytest.mark.parametrize("kwargs", [
     dict(max_ngram=0), dict(max_ngram=3, max_depth=0), dict(max_ngram=3, prior_mean=1.0),
-    dict(max_ngram=3, prior_strength=0.0), dict(max_ngram=3, decay=0.0),
+    dict(max_ngram=3, prior_strength=0.0),
     dict(max_ngram=3, optimism=-1.0)
 ])
 def test_prior_rejects_bad_config(kwargs):
@@ -105,7 +74,7 @@ def test_observe_tree_counts_only_nodes_whose_parent_was_accepted():
     prior = AcceptancePrior(max_ngram=3)
     depths = tree_depths(FOREST_PARENTS)
     # The branch [3, 4] was accepted (node 5 rejected).
-    n = prior.observe_tree(FOREST_PARENTS, depths, FOREST_MATCH, FOREST_RETRIEVED, [3, 4])
+    n = observe_tree(prior, FOREST_PARENTS, depths, FOREST_MATCH, FOREST_RETRIEVED, [3, 4])
     # Chances: node 0 (root child, retrieved, rejected), node 4 (parent 3
     # accepted, accepted), node 5 (parent 4 accepted, rejected). Nodes 1, 2
     # (parent rejected) and 3, 6 (not retrieved) are not observations.
@@ -125,7 +94,7 @@ def test_observe_tree_token_labels_credit_duplicate_heads():
     match = np.array([3, 3, 3, 1, 2, 2, 1])
     # Verifier kept the branch path [3, 4] and emitted 99 after it; the chain
     # head 0 (token 10) was just as correct as node 3.
-    prior.observe_tree(FOREST_PARENTS, depths, match, retrieved, [3, 4],
+    observe_tree(prior, FOREST_PARENTS, depths, match, retrieved, [3, 4],
                        token_ids=tokens, next_token=99)
     assert prior._accepted[0, 2] == 1  # node 0 credited
     assert prior._accepted[0, 0] == 1  # node 3
@@ -135,15 +104,15 @@ def test_observe_tree_token_labels_credit_duplicate_heads():
 def test_observe_tree_empty_path_and_validation():
     prior = AcceptancePrior(max_ngram=3)
     depths = tree_depths(FOREST_PARENTS)
-    assert prior.observe_tree(FOREST_PARENTS, depths, FOREST_MATCH, FOREST_RETRIEVED, []) == 1
+    assert observe_tree(prior, FOREST_PARENTS, depths, FOREST_MATCH, FOREST_RETRIEVED, []) == 1
     assert prior._accepted.sum() == 0
     with pytest.raises(ValueError, match="path"):
-        prior.observe_tree(FOREST_PARENTS, depths, FOREST_MATCH, FOREST_RETRIEVED, [1])
+        observe_tree(prior, FOREST_PARENTS, depths, FOREST_MATCH, FOREST_RETRIEVED, [1])
     with pytest.raises(ValueError, match="both"):
-        prior.observe_tree(FOREST_PARENTS, depths, FOREST_MATCH, FOREST_RETRIEVED, [],
+        observe_tree(prior, FOREST_PARENTS, depths, FOREST_MATCH, FOREST_RETRIEVED, [],
                            token_ids=np.zeros(7, int))
     with pytest.raises(ValueError, match="shape"):
-        prior.observe_tree(FOREST_PARENTS, depths[:3], FOREST_MATCH, FOREST_RETRIEVED, [])
+        observe_tree(prior, FOREST_PARENTS, depths[:3], FOREST_MATCH, FOREST_RETRIEVED, [])
 
 
 def test_accepted_over_expected_known_answers():

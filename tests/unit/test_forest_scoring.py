@@ -5,11 +5,12 @@ import pytest
 
 from vllm_echo.algos.echo.calibration import GateConfig
 from vllm_echo.algos.echo.forest_scoring import count_tree_observations, score_forest
-from vllm_echo.algos.echo.gate import gate_checks, truncation_depth
+from vllm_echo.algos.echo.gate import gate_checks
 from vllm_echo.algos.echo.planner import _HEAD_P_EDGES, head_bucket
-from vllm_echo.algos.echo.scores import (AcceptancePrior, depth_confidence,
-                                         exclusive_sibling_logp, path_scores)
+from vllm_echo.algos.echo.scores import AcceptancePrior
 from vllm_echo.algos.tree import tree_depths
+from echo_reference import (depth_confidence, exclusive_sibling_logp, observe_tree, path_scores,
+                            truncation_depth)
 
 GATE = GateConfig(sweet_spots=(1, 3, 6), taus=(0.3, 0.05, 0.02), source="calibrated")
 
@@ -97,9 +98,9 @@ def test_compiled_observations_equal_observe_tree():
         depths, retrieved = tree_depths(parents), rank < 0
         mlen = np.maximum(match_len, 1)
         next_token = int(rng.integers(0, 5))
-        recorded += checked.observe_tree(parents, depths, mlen, retrieved, path, tokens,
+        recorded += observe_tree(checked, parents, depths, mlen, retrieved, path, tokens,
                                          next_token)
-        assert compiled.observe_tree_trusted(parents, depths, mlen, retrieved, path, tokens,
+        assert compiled.observe_tree(parents, depths, mlen, retrieved, path, tokens,
                                              next_token) >= 0
     assert recorded > 200
     assert compiled._total.tolist() == checked._total.tolist()

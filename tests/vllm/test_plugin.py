@@ -7,6 +7,7 @@ from importlib.metadata import entry_points
 import pytest
 
 from vllm_echo.config import ADDITIONAL_CONFIG_KEY
+from vllm_echo.plugin.config_shim import CPU_ECHO_CAPACITY, CPU_LOGITSPEC_CAPACITY
 
 
 def _engine_config(model_path, spec, **kwargs):
@@ -51,7 +52,7 @@ def test_method_becomes_custom_class_with_settings_in_additional_config(model_pa
     ours = cfg.additional_config[ADDITIONAL_CONFIG_KEY]
     assert (ours["method"], ours["max_ngram"], ours["span"], ours["topk"]) == (method, 2, 10, 64)
     # the CPU default tree sizes come from the measured cost curve
-    assert ours["capacity"] == (8 if method == "logitspec" else 16)
+    assert ours["capacity"] == (CPU_LOGITSPEC_CAPACITY if method == "logitspec" else CPU_ECHO_CAPACITY)
     # on CPU plain LogitSpec verifies chains unless trees are asked for; ECHO chooses
     assert ours["tree"] is (method == "echo")
 

@@ -24,10 +24,10 @@ logger = logging.getLogger("vllm.vllm_echo")
 # get the smallest that paid (benchmarks/README.md). ECHO chooses trees or chains per
 # step from the measured cost. GPUs keep the reference trees of capacity 64.
 CPU_LOGITSPEC_CAPACITY = 8
-# ECHO sizes its trees itself, but on the CPU it never verified more than ~8 tokens per
-# request at batch 1 (k_max 4-6 at the end of fp32 runs; 9 / 17 tokens cost 1.19 /
-# 1.44x a plain step), so a 64-node forest is drafting and planning work for nothing.
-CPU_ECHO_CAPACITY = 16
+# ECHO sizes its drafts itself; on the CPU it verifies long chains only where answers
+# copy the prompt (there a 16-node forest capped them), never 64-node forests, whose
+# drafting and planning would be work for nothing (benchmarks/README.md, matrix).
+CPU_ECHO_CAPACITY = 32
 # Tree attention on the CPU when the user names none ("tree_attention"); CUDA has
 # only "flex".
 CPU_TREE_ATTENTION = "native"

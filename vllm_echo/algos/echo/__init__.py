@@ -4,14 +4,14 @@
 Per step, for a batch of retrieval forests:
 
 1. node log-probs (target logits for next-next candidates,
-   :class:`AcceptancePrior` for retrieved tokens) -> :func:`path_scores` S;
-2. :func:`truncation_depth` with the current :class:`GateConfig`
-   (:data:`DEFAULT_GATE` until a :class:`Calibrator` has finalized); the planner does
-   1-2 in one compiled pass (:mod:`vllm_echo.algos.echo.forest_scoring`);
-3. :func:`schedule_budget` over :class:`CandidateTree` objects under K_max (chosen
+   :class:`AcceptancePrior` for retrieved tokens) -> path scores S, and the gate's
+   truncation depth with the current :class:`GateConfig` (:data:`DEFAULT_GATE` until a
+   :class:`Calibrator` has finalized), in one compiled pass
+   (:mod:`vllm_echo.algos.echo.forest_scoring`; numpy references in tests/unit);
+2. :func:`schedule_budget` over :class:`CandidateTree` objects under K_max (chosen
    by the planner from its :class:`~vllm_echo.algos.echo.cost.CostModel`), then
    :func:`subtree` per request;
-4. after verification: :meth:`AcceptancePrior.observe_tree`,
+3. after verification: :meth:`AcceptancePrior.observe_tree`,
    :meth:`Calibrator.observe` (warm-up), :meth:`EchoStepStats.record_step`.
 """
 
@@ -19,8 +19,7 @@ from vllm_echo.algos.echo.budget import (BudgetResult, CandidateTree, schedule_b
                                          subtree)
 from vllm_echo.algos.echo.calibration import (DEFAULT_GATE, Calibrator, GateConfig,
                                               auc_mann_whitney, youden_threshold)
-from vllm_echo.algos.echo.gate import GateDecision, truncation_depth, truncation_depths
-from vllm_echo.algos.echo.scores import AcceptancePrior, depth_confidence, path_scores
+from vllm_echo.algos.echo.scores import AcceptancePrior
 from vllm_echo.algos.echo.stats import EchoStepStats
 
 __all__ = [
@@ -31,13 +30,8 @@ __all__ = [
     "DEFAULT_GATE",
     "EchoStepStats",
     "GateConfig",
-    "GateDecision",
     "auc_mann_whitney",
-    "depth_confidence",
-    "path_scores",
     "schedule_budget",
     "subtree",
-    "truncation_depth",
-    "truncation_depths",
     "youden_threshold",
 ]

@@ -3,14 +3,11 @@
 
 The batch's draft trees are verified in one target forward, so they share
 one budget ``k_max`` of draft nodes (each request's root/bonus token is
-verified anyway and is not counted). Nodes are handed out in three phases,
+verified anyway and is not counted). Nodes are handed out in two phases,
 each by descending path score S across the whole batch and always from the
 frontier (a node becomes eligible once its parent is selected), so every
 request's selection stays ancestor-closed even if S were not monotone:
 
-0. floor: each request with candidates gets up to ``per_request_floor``
-   nodes first (requests with the best top node go first when the floors
-   do not all fit);
 1. priority 1, depth: confident requests (no gate fired) offer their whole
    tree; truncated requests offer only their *core*, the paths to their
    ``core_width`` best nodes at the truncation depth (the beam that the
@@ -109,7 +106,6 @@ class BudgetResult:
     and how many nodes each phase gave it."""
 
     selected: tuple[np.ndarray, ...]
-    from_floor: np.ndarray
     from_priority1: np.ndarray
     from_priority2: np.ndarray
 
@@ -144,7 +140,6 @@ class _Request:
             depth_pool = self._core(within, core_width)
         # Which nodes each phase may hand out.
         self.pools = {
-            "floor": within,
             "priority1": depth_pool,
             "priority2": within & ~depth_pool,
         }
@@ -213,49 +208,32 @@ def _fill(requests: list[_Request], order: Sequence[int], phase: str, budget: in
     return got
 
 
-def _schedule_shared(trees: Sequence[CandidateTree], k_max: int, cap: float, floor: int,
+def _schedule_shared(trees: Sequence[CandidateTree], k_max: int, cap: float,
                      core_width: Optional[int]) -> BudgetResult:
     requests = [_Request(t, core_width) for t in trees]
     everyone = range(len(requests))
-    from_floor = np.zeros(len(requests), dtype=np.int64)
     budget = k_max
-    if floor > 0:
-        # When floors do not all fit, requests whose best offered node scores
-        # highest go first.
-        def best_score(i):
-            req = requests[i]
-            return max((req.scores[j] for j in req.frontier(req.pools["floor"])),
-                       default=-np.inf)
-
-        for i in sorted(everyone, key=lambda i: (-best_score(i), i)):
-            got = _fill(requests, [i], "floor", min(floor, budget), cap)
-            from_floor += got
-            budget -= int(got.sum())
     from_p1 = _fill(requests, everyone, "priority1", budget, cap)
     budget -= int(from_p1.sum())
     from_p2 = _fill(requests, everyone, "priority2", budget, cap)
     selected = tuple(np.flatnonzero(r.selected_rows[1:]) for r in requests)
-    return BudgetResult(selected, from_floor, from_p1, from_p2)
+    return BudgetResult(selected, from_p1, from_p2)
 
 
 def schedule_budget(trees: Sequence[CandidateTree], k_max: int,
-                    per_request_cap: Optional[int] = None, per_request_floor: int = 0,
-                    shared_budget: bool = True,
+                    per_request_cap: Optional[int] = None, shared_budget: bool = True,
                     core_width: Optional[int] = 1) -> BudgetResult:
     """Choose which candidate nodes of each request are verified this step.
 
     ``k_max``: draft nodes for the whole batch (roots excluded);
     ``per_request_cap``: most nodes per request (None: no cap);
-    ``per_request_floor``: nodes reserved first for each request with
-    candidates; ``core_width``: best truncation-depth paths a truncated
+    ``core_width``: best truncation-depth paths a truncated
     request keeps in priority 1 (None: all its nodes up to that depth).
     """
     if k_max < 0:
         raise ValueError(f"k_max must be >= 0, got {k_max}")
     if per_request_cap is not None and per_request_cap < 0:
         raise ValueError(f"per_request_cap must be >= 0 or None, got {per_request_cap}")
-    if per_request_floor < 0:
-        raise ValueError(f"per_request_floor must be >= 0, got {per_request_floor}")
     if core_width is not None and core_width < 1:
         raise ValueError(f"core_width must be >= 1 or None, got {core_width}")
     for i, t in enumerate(trees):
@@ -263,13 +241,12 @@ def schedule_budget(trees: Sequence[CandidateTree], k_max: int,
             raise ValueError(f"trees[{i}] is a {type(t).__name__}, not a CandidateTree")
     cap = float("inf") if per_request_cap is None else per_request_cap
     if shared_budget or not trees:
-        return _schedule_shared(trees, int(k_max), cap, int(per_request_floor), core_width)
+        return _schedule_shared(trees, int(k_max), cap, core_width)
     # Fixed-K baseline: every request alone with its equal share.
     share = int(k_max) // len(trees)
-    parts = [_schedule_shared([t], share, cap, int(per_request_floor), core_width)
+    parts = [_schedule_shared([t], share, cap, core_width)
              for t in trees]
     return BudgetResult(tuple(p.selected[0] for p in parts),
-                        np.concatenate([p.from_floor for p in parts]),
                         np.concatenate([p.from_priority1 for p in parts]),
                         np.concatenate([p.from_priority2 for p in parts]))
 

@@ -10,7 +10,10 @@ each with the threshold tau_d that maximises Youden's J = TPR - FPR.
 
 Choices the paper leaves open: label_d = 1 iff accepted length
 >= d; delta = 0.75; warm-up = 256 verify steps; fallback = the reference
-literals (:data:`DEFAULT_GATE`).
+literals (:data:`DEFAULT_GATE`). A tree verified after a gate or budget cut
+may have stopped short of where the whole candidate tree would have reached;
+the caller then says up to which depth the labels are known (``known_depth``)
+and deeper depths of that tree are left out.
 """
 
 from __future__ import annotations
@@ -132,11 +135,13 @@ def youden_threshold(scores, labels) -> tuple[float, float]:
 class Calibrator:
     """Collects (confidence, reached depth) pairs and turns them into a GateConfig.
 
-    ``observe`` once per verified tree with the confidences of the tree that
-    was verified: during warm-up that tree should not be gated, otherwise
-    deep labels are censored. Depths without any node (c_d == 0) are not
-    recorded: there was nothing to gate, and counting them would reward any
-    score for predicting "no node, no acceptance".
+    ``observe`` once per verified tree with the confidences of the whole
+    candidate tree and the depth its accepted path reached, and, where the
+    verified tree was cut (by the gate or the budget) below a node the target
+    would have accepted, the depth up to which that reach is known: deeper
+    labels are censored and not counted. Depths without any node (c_d == 0)
+    are not recorded: there was nothing to gate, and counting them would
+    reward any score for predicting "no node, no acceptance".
 
     ``ready`` turns True after ``warmup_steps`` observations, until
     :meth:`finalize` (calibration happens once). Only the latest ``window``
@@ -171,6 +176,7 @@ class Calibrator:
         # Ring buffer of the latest observations.
         self._conf = np.zeros((self.window, self.max_depth))
         self._reached = np.zeros(self.window, dtype=np.int64)
+        self._known = np.zeros(self.window, dtype=np.int64)
         self._count = 0  # observations ever
         self._since_finalize = 0
         self._finalized = False
@@ -184,8 +190,10 @@ class Calibrator:
     def ready(self) -> bool:
         return not self._finalized and self._since_finalize >= self.warmup_steps
 
-    def observe(self, confidence_by_depth, reached_depth: int) -> None:
-        """Record one verified tree: ``c[d-1]`` per depth, accepted length."""
+    def observe(self, confidence_by_depth, reached_depth: int,
+                known_depth: Optional[int] = None) -> None:
+        """Record one verified tree: ``c[d-1]`` per depth, accepted length, and the
+        deepest depth whose label is known (None: all of them)."""
         conf = np.asarray(confidence_by_depth, dtype=np.float64)
         if conf.shape != (self.max_depth, ):
             raise ValueError(f"confidence_by_depth has shape {conf.shape}, "
@@ -196,18 +204,22 @@ class Calibrator:
         if reached < 0:
             raise ValueError(f"reached_depth must be >= 0, got {reached}")
         reached = min(reached, self.max_depth)
+        known = self.max_depth if known_depth is None else min(int(known_depth), self.max_depth)
+        if known < reached:
+            raise ValueError(f"known_depth {known_depth} is below reached_depth {reached}")
         if reached > 0 and conf[reached - 1] == 0:
             raise ValueError(f"reached_depth {reached} but the tree has no node "
                              f"at that depth (c = 0)")
         slot = self._count % self.window
         self._conf[slot] = conf
         self._reached[slot] = reached
+        self._known[slot] = known
         self._count += 1
         self._since_finalize += 1
 
-    def _pairs(self) -> tuple[np.ndarray, np.ndarray]:
+    def _observations(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         held = min(self._count, self.window)
-        return self._conf[:held], self._reached[:held]
+        return self._conf[:held], self._reached[:held], self._known[:held]
 
     def finalize(self) -> tuple[GateConfig, str]:
         """Compute the gate from the held observations; never raises.
@@ -218,13 +230,13 @@ class Calibrator:
         """
         self._finalized = True
         self._since_finalize = 0
-        conf, reached = self._pairs()
+        conf, reached, known = self._observations()
         aucs = np.full(self.max_depth, np.nan)
         taus = np.full(self.max_depth, np.nan)
         lines = [f"ECHO gate calibration over {conf.shape[0]} trees "
                  f"(delta={self.delta}, min {self.min_samples_per_class} per class):"]
         for d in range(1, self.max_depth + 1):
-            present = conf[:, d - 1] > 0
+            present = (conf[:, d - 1] > 0) & (known >= d)
             scores = conf[present, d - 1]
             labels = reached[present] >= d
             n_pos = int(labels.sum())

@@ -1,26 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
 """One request's forest scored and gated in one compiled pass (the planner's per-step work).
 
-:func:`score_forest` computes, for a candidate forest, what the planner otherwise
-builds from the numpy functions of this package, in order:
+:func:`score_forest` computes, for a candidate forest, in order:
 
 1. node depths (:func:`vllm_echo.algos.tree.tree_depths`);
 2. each node's acceptance log-prob: a retrieved token from the acceptance table by
    (depth, m-gram match length) (:meth:`AcceptancePrior.prob_table`), a next-next head
    from the head table by the bucket of its last-logit probability, clipped to
    ``[logp_floor, 0]``;
-3. siblings counted as exclusive (:func:`scores.exclusive_sibling_logp`);
-4. path scores S (:func:`scores.path_scores`) and the confidence per depth
-   (:func:`scores.depth_confidence`);
-5. the gate's decision (:func:`gate.truncation_depth`) from the checks of
-   :func:`gate.gate_checks`.
+3. siblings counted as exclusive: taken in descending probability, sibling j is worth
+   p_j times the chance that every better sibling was rejected;
+4. path scores S (ECHO Eq. 5) and the confidence per depth c_d = exp(max S at depth d)
+   (Eq. 6);
+5. the gate's decision (Eq. 7) from the checks of :func:`gate.gate_checks`.
 
-Why compiled: on a forest of a few dozen nodes those functions are some 40 small
-numpy calls per request and step. At batch 1 in bf16, where a decode step takes
-25 ms on this CPU, the planner's plan() took 0.57 ms a step in the engine with them
-and 0.40 ms with this pass (the observation kernel below took observe() from 0.22
-to 0.12 ms). The numpy functions stay the reference (tests check this pass against
-them).
+Compiled because on a forest of a few dozen nodes these steps are some 40 small numpy
+calls per request and step (benchmarks/README.md has the per-step cost). The numpy
+transcription that the tests check this pass against is tests/unit/echo_reference.py.
 """
 
 from __future__ import annotations
@@ -111,7 +107,7 @@ def count_tree_observations(total, accepted, parents, depths, match_len, eligibl
     is); it counts as accepted when its token is what the target emitted after its
     parent (the next path token, or ``next_token`` after the path's end), so a
     duplicate sibling of the accepted node counts too
-    (:meth:`AcceptancePrior.observe_tree` with token ids). Returns how many.
+    Returns how many.
     """
     n = parents.size
     max_depth, max_ngram = total.shape

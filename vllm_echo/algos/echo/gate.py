@@ -18,24 +18,13 @@ Modes (the paper's ablations):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 
 from vllm_echo.algos.echo.calibration import GateConfig
-from vllm_echo.algos.echo.scores import depth_confidence
 
 MODES = ("sparse", "dense", "fixed")
-
-
-@dataclass(frozen=True)
-class GateDecision:
-    """``trunc_depth``: deepest depth kept (the tree's max depth if not
-    truncated, 0 for an empty tree); ``truncated``: a gate fired."""
-
-    trunc_depth: int
-    truncated: bool
 
 
 def _nearest_tau(gate: GateConfig, depth: int) -> float:
@@ -59,46 +48,10 @@ def _checks(gate: GateConfig, mode: str, max_depth: int, fixed_tau: float,
 
 def gate_checks(gate: GateConfig, mode: str, max_depth: int, fixed_tau: float = 0.2,
                 dense_tau: Optional[float] = None) -> tuple[np.ndarray, np.ndarray]:
-    """The (depths, taus) :func:`truncation_depth` tests on a tree of ``max_depth``,
+    """The (depths, taus) the gate tests on a tree of ``max_depth``,
     in increasing depth, as two arrays (for the compiled forest scoring)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     checks = _checks(gate, mode, max_depth, fixed_tau, dense_tau)
     return (np.array([d for d, _ in checks], dtype=np.int64),
             np.array([t for _, t in checks], dtype=np.float64))
-
-
-def truncation_depth(scores, depths, gate: GateConfig, mode: str = "sparse",
-                     fixed_tau: float = 0.2,
-                     dense_tau: Optional[float] = None) -> GateDecision:
-    """Gate decision for one tree from its path scores S and node depths."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    for name, tau in (("fixed_tau", fixed_tau), ("dense_tau", dense_tau)):
-        if tau is not None and not 0.0 <= tau <= 1.0:
-            raise ValueError(f"{name} must be a probability in [0, 1], got {tau}")
-    d = np.asarray(depths)
-    if d.size == 0:
-        return GateDecision(0, False)
-    max_depth = int(d.max())
-    conf = depth_confidence(scores, d, max_depth)
-    for depth, tau in _checks(gate, mode, max_depth, fixed_tau, dense_tau):
-        if depth > max_depth:
-            # Nothing that deep: the tree ends before the gate, uncut.
-            break
-        if conf[depth - 1] <= tau:
-            return GateDecision(int(depth), True)
-    return GateDecision(max_depth, False)
-
-
-def truncation_depths(scores_per_tree: Sequence, depths_per_tree: Sequence,
-                      gate: GateConfig, mode: str = "sparse", fixed_tau: float = 0.2,
-                      dense_tau: Optional[float] = None) -> tuple[np.ndarray, np.ndarray]:
-    """Batch version: ``(trunc_depths int array, truncated bool array)``, one per tree."""
-    if len(scores_per_tree) != len(depths_per_tree):
-        raise ValueError(f"{len(scores_per_tree)} score arrays but "
-                         f"{len(depths_per_tree)} depth arrays")
-    decisions = [truncation_depth(s, d, gate, mode, fixed_tau, dense_tau)
-                 for s, d in zip(scores_per_tree, depths_per_tree)]
-    return (np.array([x.trunc_depth for x in decisions], dtype=np.int64),
-            np.array([x.truncated for x in decisions], dtype=bool))

@@ -1,31 +1,35 @@
 # SPDX-License-Identifier: Apache-2.0
-"""ECHO over LogitSpec forests for one batch step: scores, gate, shared budget.
+"""ECHO over LogitSpec forests for one batch step: score, gate, budget, shape.
 
 Engine-agnostic: the vLLM glue hands in each request's candidate forest (with how
 every node was drafted) and gets back the draft tree to verify; after the step it
-reports what was accepted, which feeds the acceptance prior, the gate calibration
-and the statistics.
+reports what was accepted, which feeds the acceptance priors, the gate calibration,
+the realised share of expected tokens and the step statistics.
 
-Node scores are acceptance probabilities learned online, so that the budget can
-weigh them against measured cost: a retrieved token gets the acceptance rate of
-its (depth, m-gram match length) bucket; a next-next head t gets the rate of its
-bucket of p(t) under the softmax of the target's last logits (LogitSpec's
-premise: t is likely next-next when it was likely next). S = sum of node
-log-probs along the path, c_d = exp(max S at depth d).
+The stages of :meth:`EchoPlanner.plan`:
 
-Budget. With ``k_max`` unset, the step's budget is chosen from the measured time
-of a decode step (vllm_echo.algos.echo.cost.CostModel: T(N) = a + b max(0, N - knee)
-for N verified tokens, plus per-size corrections, fitted online). Taking candidate
-nodes in descending S (acceptance probability p = exp(S)), the budget is the k that
-maximises expected tokens per second (B + sum of the first k p) / T(B + k). On
-hardware where verification is nearly free (a GPU at small batch, or the first few
-tokens on this CPU) that admits most candidates; where every verified token costs
-compute (past the knee, or large batches) it admits only nodes likely enough to pay
-for themselves, down to none. Verifying a request as a tree rather than a chain has
-its own measured cost c (T + c R for R tree requests); each request keeps its
-selection only if it pays better than its best root path of any length within the
-budget, which vLLM verifies natively, padded with filler where a longer step is
-cheaper (the budget counts filler as nodes of probability 0).
+1. **Score** (:meth:`EchoPlanner._score`). Node scores are acceptance probabilities
+   learned online, so that the budget can weigh them against measured cost: a
+   retrieved token gets the acceptance rate of its (depth, m-gram match length)
+   bucket; a next-next head t gets the rate of its bucket of p(t) under the softmax of
+   the target's last logits (LogitSpec's premise: t is likely next-next when it was
+   likely next). S = sum of node log-probs along the path, c_d = exp(max S at depth d).
+2. **Gate**, in the same compiled pass: the tree is cut at the first sweet spot d with
+   c_d <= tau_d (ECHO Eq. 7; sweet spots and taus calibrated from uncensored labels,
+   :meth:`Plan.calibration_label`).
+3. **Budget** (:meth:`EchoPlanner._k_max`, then ``schedule_budget``). With ``k_max``
+   unset, the step's budget is the k that maximises expected tokens per second
+   (B + sum of the k best p) / T(B + k), T from the measured time of decode steps
+   (:class:`~vllm_echo.algos.echo.cost.CostModel`). Where verification is nearly free
+   that admits most candidates; where every verified token costs compute it admits
+   only nodes likely enough to pay for themselves, down to none.
+4. **Shape** (:meth:`EchoPlanner._shape`). Verifying a request as a tree rather than a
+   chain has its own measured cost; each request keeps its selection only if it pays
+   better than its best root path of any length within the budget, which vLLM
+   verifies natively, padded with filler where a longer step is cheaper.
+
+When no draft can pay at all, :meth:`EchoPlanner.step_explore` says so before any
+forest is built, and probes now and then so that the rates can recover.
 """
 
 from __future__ import annotations
@@ -66,6 +70,13 @@ _HEAD_P_EDGES = np.array([0.3, 0.1, 0.03, 0.01, 0.003])
 # PROBE_NODES nodes then (plan's explore): acceptance is learned from verdicts only.
 PROBE_EVERY = 16
 PROBE_NODES = 4
+# Retrieved-token rates are kept per depth up to this one (deeper depths share it).
+_PRIOR_DEPTHS = 16
+# A next-next head's rate before any verdict: LogitSpec's heads are the target's own
+# runner-up tokens, accepted far less often than retrieved continuations.
+_HEAD_PRIOR_MEAN = 0.1
+# Trees per class (reached depth d / did not) a depth needs to be calibrated.
+_MIN_CALIBRATION_SAMPLES = 10
 
 
 def head_bucket(logp: np.ndarray) -> np.ndarray:
@@ -97,7 +108,12 @@ class Plan:
     confidence: np.ndarray  # c_d over the whole candidate forest (calibration input)
     truncated_at: int
     expected: float = 0.0  # accepted tokens the raw node scores expect
-    filler: int = 0  # trailing nodes that pad a chain (see EchoPlanner._prefer_chains)
+    filler: int = 0  # trailing nodes that pad a chain (see EchoPlanner._shape)
+    # The candidate forest the plan was cut from and each kept node's index in it (the
+    # filler has none): they tell how deep the whole forest would have been accepted.
+    candidate_tokens: np.ndarray | None = None
+    candidate_parents: np.ndarray | None = None
+    keep: np.ndarray | None = None
 
     def with_filler(self, count: int) -> "Plan":
         """This plan, a non-empty chain, continued by ``count`` copies of its last token:
@@ -111,7 +127,8 @@ class Plan:
                     np.arange(-1, size - 1).astype(self.parents.dtype),
                     np.arange(1, size + 1), extend(self.match_len, 0),
                     extend(self.retrieved, False), extend(self.head_bucket, 1),
-                    self.confidence, self.truncated_at, self.expected, count)
+                    self.confidence, self.truncated_at, self.expected, count,
+                    self.candidate_tokens, self.candidate_parents, self.keep)
 
     @property
     def learned(self) -> np.ndarray:
@@ -119,6 +136,23 @@ class Plan:
         mask = np.ones(len(self.token_ids), dtype=bool)
         mask[len(mask) - self.filler:] = False
         return mask
+
+    def calibration_label(self, path: list[int], next_token: int) -> tuple[int, int]:
+        """``(reached, known)`` for the calibrator: the depth the accepted ``path`` reached
+        in the candidate forest, and the deepest depth at which that label holds for
+        the whole forest. The verified plan may have been cut by the gate or the budget
+        just where the target went on: the target's token after the accepted path
+        (``next_token``, or the first accepted filler) is then a candidate child that
+        was not verified. The whole forest would have accepted that child, and how far
+        past it is unknown; otherwise it would have stopped where the plan did."""
+        reached = min(len(path), len(self.token_ids) - self.filler)
+        if self.keep is None:
+            return reached, MAX_DEPTH
+        if len(path) > reached:  # the target went on into the filler
+            next_token = int(self.token_ids[path[reached]])
+        end = int(self.keep[path[reached - 1]]) if reached else -1
+        went_on = self.candidate_tokens[self.candidate_parents == end] == next_token
+        return (reached + 1, reached + 1) if went_on.any() else (reached, MAX_DEPTH)
 
 
 def throughput_budget(probs: np.ndarray, num_requests: int, cost: CostModel) -> int:
@@ -141,16 +175,16 @@ class EchoPlanner:
 
     def __post_init__(self) -> None:
         s = self.settings
-        self.prior = AcceptancePrior(max_ngram=s.max_ngram, max_depth=16,
+        self.prior = AcceptancePrior(max_ngram=s.max_ngram, max_depth=_PRIOR_DEPTHS,
                                      optimism=_OPTIMISM)
         # Heads are always at depth 1; "match length" is their probability bucket.
         self.head_prior = AcceptancePrior(max_ngram=len(_HEAD_P_EDGES) + 1, max_depth=1,
-                                          prior_mean=0.1, optimism=_OPTIMISM)
+                                          prior_mean=_HEAD_PRIOR_MEAN, optimism=_OPTIMISM)
         self.realized = AcceptedOverExpected()
         self.calibrator = Calibrator(max_depth=MAX_DEPTH, delta=s.delta,
                                      max_sweet_spots=s.max_sweet_spots,
                                      warmup_steps=s.calibration_steps,
-                                     min_samples_per_class=10)
+                                     min_samples_per_class=_MIN_CALIBRATION_SAMPLES)
         self.gate = FOREST_DEFAULT_GATE
         self.calibration_report: str | None = None
         self.last_k_max = 0
@@ -165,7 +199,10 @@ class EchoPlanner:
     def plan(self, batch: list[Candidates | None], per_request_cap: int, explore: int = 0,
              num_requests: int | None = None
              ) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[Plan | None]]:
-        """Draft trees ``(token_ids, parents)`` per request (empty where None).
+        """Draft trees ``(token_ids, parents)`` per request (empty where None), in four
+        stages: score and gate every forest (:meth:`_score`), choose the step's budget
+        (:meth:`_k_max`) and share it (``schedule_budget``), then shape each request's
+        share into the tree or chain whose step pays best (:meth:`_shape`).
 
         ``num_requests``: requests the step decodes, with or without candidates (default
         ``len(batch)``). Every one of them is a verified token, so the cost model prices
@@ -176,21 +213,59 @@ class EchoPlanner:
         per request, best scored first. Acceptance rates are learned only from
         verified drafts, so without this a few unlucky early steps (rates pushed below
         break-even) would stop all drafting, and all learning, for good."""
-        trees, scored = [], []
-        mode = "dense" if self.settings.gating == "dense" else (
-            "fixed" if self.settings.fixed_tau_value is not None else "sparse")
         live = sum(1 for cand in batch if cand is not None and len(cand.token_ids))
         step_requests = max(len(batch) if num_requests is None else num_requests, live)
         # A request whose best first node cannot pay for itself gets no plan (no
         # scheduling work for it).
         floor = 0.0 if explore else self._break_even_probability(step_requests)
+        scored = self._score(batch, floor)
+        trees = [s.tree for s in scored if s is not None]
+        if not trees:  # nothing to schedule: no budget, no shape, no plan
+            self.last_k_max = 0
+            return [(np.empty(0, np.int32), np.empty(0, np.int32)) for _ in batch], \
+                [None] * len(batch)
+        k_max = self._k_max(trees, per_request_cap, step_requests)
+        probing = k_max == 0 and explore > 0
+        if probing:
+            k_max, per_request_cap = min(explore, len(trees)), 1
+        self.last_k_max = k_max
+        result = schedule_budget(trees, k_max, per_request_cap=per_request_cap,
+                                 shared_budget=self.settings.shared_budget)
+        if probing:  # a probe is verified as chosen: it is there to learn
+            shaped = [(keep, 0) for keep in result.selected]
+        else:
+            shaped = self._shape(trees, result.selected, k_max, per_request_cap,
+                                 step_requests)
+        shaped_iter = iter(shaped)
+        drafts, plans = [], []
+        for item in scored:
+            if item is None:
+                drafts.append((np.empty(0, np.int32), np.empty(0, np.int32)))
+                plans.append(None)
+                continue
+            keep, filler = next(shaped_iter)
+            plan = item.plan(np.asarray(keep, dtype=np.int64))
+            if filler:
+                plan = plan.with_filler(filler)
+            drafts.append((plan.token_ids.astype(np.int32), plan.parents.astype(np.int32)))
+            plans.append(plan)
+        return drafts, plans
+
+    def _score(self, batch: list[Candidates | None], floor: float) -> list[ScoredForest | None]:
+        """Stage 1, score and gate: every request's forest scored (acceptance
+        probabilities from the priors, scaled to what recent plans realised) and
+        truncated by the gate, in one compiled pass. None where there are no
+        candidates, or where even the best first node is below ``floor``."""
+        mode = "dense" if self.settings.gating == "dense" else (
+            "fixed" if self.settings.fixed_tau_value is not None else "sparse")
         prior_table, head_table = self.prior.prob_table(), self.head_prior.prob_table()
         check_depths, check_taus = self._gate_checks(mode, batch)
         # The budget prices nodes at their score scaled to what recent plans realised.
         log_ratio = float(np.log(self.realized.ratio))
+        out: list[ScoredForest | None] = []
         for cand in batch:
             if cand is None or len(cand.token_ids) == 0:
-                scored.append(None)
+                out.append(None)
                 continue
             parents = cand.parents.astype(np.int64, copy=False)
             (depths, buckets, scores, confidence, trunc_depth, truncated,
@@ -200,42 +275,13 @@ class EchoPlanner:
                                             prior_table, head_table, _HEAD_P_EDGES,
                                             _LOGP_FLOOR, MAX_DEPTH, check_depths, check_taus)
             if floor > 0 and np.exp(best_root_logp + log_ratio) < floor:
-                scored.append(None)
+                out.append(None)
                 continue
-            trees.append(CandidateTree.trusted(cand.token_ids, parents, scores + log_ratio,
-                                               depths, trunc_depth, not truncated))
-            scored.append((cand, depths, buckets, scores, confidence[:MAX_DEPTH],
-                           trunc_depth if truncated else 0))
-        k_max = self._k_max(trees, per_request_cap, step_requests)
-        probing = k_max == 0 and explore > 0
-        if probing:
-            k_max, per_request_cap = min(explore, len(trees)), 1
-        self.last_k_max = k_max
-        result = schedule_budget(trees, k_max, per_request_cap=per_request_cap,
-                                 shared_budget=self.settings.shared_budget)
-        drafts, plans = [], []
-        selected = [(keep, 0) for keep in result.selected]
-        if not probing:  # a probe is verified as chosen: it is there to learn
-            selected = self._prefer_chains(trees, result.selected, k_max, per_request_cap,
-                                           step_requests)
-        selected = iter(selected)
-        for item in scored:
-            if item is None:
-                drafts.append((np.empty(0, np.int32), np.empty(0, np.int32)))
-                plans.append(None)
-                continue
-            cand, depths, buckets, scores, confidence, truncated_at = item
-            keep, filler = next(selected)
-            keep = np.asarray(keep, dtype=np.int64)
-            tokens, parents = subtree(cand.token_ids, cand.parents, keep, check=False)
-            plan = Plan(tokens, parents, depths[keep], cand.match_len[keep], cand.rank[keep] < 0,
-                        buckets[keep], confidence, truncated_at,
-                        float(np.exp(scores[keep]).sum()))
-            if filler:
-                plan = plan.with_filler(filler)
-            drafts.append((plan.token_ids.astype(np.int32), plan.parents.astype(np.int32)))
-            plans.append(plan)
-        return drafts, plans
+            tree = CandidateTree.trusted(cand.token_ids, parents, scores + log_ratio, depths,
+                                         trunc_depth, not truncated)
+            out.append(ScoredForest(cand, tree, buckets, scores, confidence[:MAX_DEPTH],
+                                    trunc_depth if truncated else 0))
+        return out
 
     def _gate_checks(self, mode: str, batch: list[Candidates | None]
                      ) -> tuple[np.ndarray, np.ndarray]:
@@ -278,25 +324,26 @@ class EchoPlanner:
             floor = _warmup_budget(step_requests, _WARMUP_FACTORS[-1])
             most = min(most, max(trusted - step_requests, floor))
         # Filler (probability 0) past the candidates: where the measured step is cheaper
-        # with more tokens, the budget may exceed them (see _prefer_chains).
+        # with more tokens, the budget may exceed them (see _shape).
         probs = np.concatenate([probs[:most], np.zeros(max(most - probs.size, 0))])
         return throughput_budget(probs, step_requests, self.cost)
 
-    def _prefer_chains(self, trees: list[CandidateTree], selected: tuple[np.ndarray, ...],
-                       k_max: int, per_request_cap: int,
-                       step_requests: int) -> list[tuple[np.ndarray, int]]:
-        """Per request, keep its selection or replace it by one root path, whichever
-        adds more expected tokens net of its price in step time (at the step's
-        expected tokens per second). The path may be longer or shorter than the
-        selection's own best path: a chain verifies natively, without the tree cost
-        c, and the measured step time is not monotone in N (on this CPU 4 tokens
-        cost less than 2), so the best chain length comes from the cost curve.
-        For the same reason a chain may be padded with filler nodes (returned as
-        ``(nodes, filler count)``) up to the length at which the step is cheapest:
-        they are priced as never accepted, but at batch 1 in fp32 a step verifying 5
-        tokens took 33 ms and one verifying 2 took 41.
-        Σ K_i <= k_max still holds (and each request's fixed share without a shared
-        budget; a request with a fixed share always drafts if it can)."""
+    def _shape(self, trees: list[CandidateTree], selected: tuple[np.ndarray, ...],
+               k_max: int, per_request_cap: int,
+               step_requests: int) -> list[tuple[np.ndarray, int]]:
+        """Stage 4, shape: per request, keep its budget selection or replace it by one
+        root path, whichever adds more expected tokens net of its price in step time
+        (at the step's expected tokens per second). Returns ``(nodes, filler count)``
+        per request.
+
+        The path may be longer or shorter than the selection's own best path: a chain
+        verifies natively, without the tree cost c, and the measured step time is not
+        monotone in N (on this CPU some small N cost more than larger ones; see
+        CostModel), so the best chain length comes from the cost curve. For the same
+        reason a chain may be padded with filler nodes up to the length at which the
+        step is cheapest: they are priced as never accepted. Σ K_i <= k_max still holds
+        (and each request's fixed share without a shared budget; a request with a
+        fixed share always drafts if it can)."""
         if self.cost.coef is None or self.settings.k_max is not None:
             return [(keep, 0) for keep in selected]  # warm-up, or a fixed budget: as chosen
         if self.cost.tree_cost is None:
@@ -305,51 +352,13 @@ class EchoPlanner:
             self._unpriced_tree_steps += 1
             if self._unpriced_tree_steps % 2:
                 return [(keep, 0) for keep in selected]
-        cost = self.cost
-        probs = [np.exp(t.scores[s]) for t, s in zip(trees, selected)]
-        is_tree = [not _is_chain(t.parents, s) for t, s in zip(trees, selected)]
-        num_tokens = sum(len(s) for s in selected) + step_requests
-        num_trees = sum(is_tree)
-        rate = (step_requests + sum(p.sum() for p in probs)) / cost.time(
-            num_tokens, num_trees, drafted=True)
-        spare = k_max - (num_tokens - step_requests)  # budget the selection left unused
+        step = _StepShape.of(self.cost, trees, selected, step_requests, k_max)
         share = k_max // max(len(trees), 1)
         out = []
-        for tree, keep, p, branched in zip(trees, selected, probs, is_tree):
-            rest_tokens, rest_trees = num_tokens - len(keep), num_trees - branched
-            limit = min(len(keep) + spare if self.settings.shared_budget else share,
+        for tree, keep in zip(trees, selected):
+            limit = min(len(keep) + step.spare if self.settings.shared_budget else share,
                         per_request_cap)
-            # Option "no draft" (end -1, length 0) first, then every root path.
-            ends, path_sums, lengths = (np.concatenate([[none], column]) for none, column
-                                        in zip((-1, 0.0, 0), _root_paths(tree, limit)))
-            # The step time of every chain length up to the limit, and for each, the
-            # padded length >= it at which the step is cheapest.
-            sizes = np.arange(limit + 1)
-            size_times = cost.times(rest_tokens + sizes, rest_trees,
-                                    drafted=(sizes > 0) | (rest_tokens > step_requests))
-            padded = _cheapest_at_or_above(size_times)
-            padded[0] = 0  # no draft is no draft: a filler-only chain never pays more
-            times = size_times[padded[lengths]]
-            # The gate truncates to release budget; a path that makes the step no
-            # slower than no draft at all releases nothing (on this CPU at batch 1 in
-            # fp32 a step verifying 3 drafts takes 33 ms, a plain one 38), so it may
-            # run past the truncation depth.
-            allowed = (lengths <= tree.trunc_depth) | (times <= times[0])
-            if not self.settings.shared_budget and allowed[1:].any():
-                allowed[0] = False  # fixed K: drafting is not the cost model's call
-            ends, lengths, times = ends[allowed], lengths[allowed], times[allowed]
-            values = path_sums[allowed] - rate * times
-            best = int(np.argmax(values))
-            if branched and self.cost.tree_cost is not None and (
-                    p.sum() - rate * cost.time(rest_tokens + len(keep), rest_trees + 1,
-                                               drafted=True)) >= values[best]:
-                out.append((keep, 0))
-                continue
-            size = int(padded[lengths[best]])
-            spare += len(keep) - size
-            keep = _path_to(tree.parents, int(ends[best])) if ends[best] >= 0 else keep[:0]
-            num_tokens, num_trees = rest_tokens + size, rest_trees
-            out.append((keep, size - len(keep)))
+            out.append(step.choose(tree, keep, limit, self.settings.shared_budget))
         return out
 
     def step_explore(self, num_requests: int) -> int | None:
@@ -406,17 +415,17 @@ class EchoPlanner:
         drafted, accepted, truncated, filler = [], [], [], 0
         for plan, path, next_token in plans:
             learned = plan.learned
-            self.prior.observe_tree_trusted(plan.parents, plan.depths,
+            self.prior.observe_tree(plan.parents, plan.depths,
                                             np.maximum(plan.match_len, 1),
                                             plan.retrieved & learned, path, plan.token_ids,
                                             next_token)
-            self.head_prior.observe_tree_trusted(plan.parents, np.minimum(plan.depths, 1),
+            self.head_prior.observe_tree(plan.parents, np.minimum(plan.depths, 1),
                                                  plan.head_bucket, ~plan.retrieved & learned,
                                                  path, plan.token_ids, next_token)
             # The confidence and the expectation are the candidates': an accepted filler
             # node reached no depth of theirs.
             reached = min(len(path), len(plan.token_ids) - plan.filler)
-            self.calibrator.observe(plan.confidence, reached)
+            self.calibrator.observe(plan.confidence, *plan.calibration_label(path, next_token))
             self.realized.observe(plan.expected, reached)
             drafted.append(plan.depths)
             accepted.append(len(path))
@@ -430,6 +439,89 @@ class EchoPlanner:
             else:  # the calibrator's fallback is the reference literals; ours applies
                 self.calibration_report += (
                     f"\n  -> keeping the forest gate {self.gate.sweet_spots} taus {self.gate.taus}")
+
+
+@dataclass
+class ScoredForest:
+    """One request's candidate forest after stage 1 (scores and gate)."""
+
+    candidates: Candidates
+    tree: CandidateTree  # what the budget schedules: scores scaled by the realised share
+    buckets: np.ndarray
+    raw_scores: np.ndarray  # log acceptance probabilities as the priors give them
+    confidence: np.ndarray
+    truncated_at: int  # gated depth, 0 when no gate fired
+
+    def plan(self, keep: np.ndarray) -> Plan:
+        """The plan verifying the candidate nodes ``keep`` (ascending)."""
+        cand, tree = self.candidates, self.tree
+        tokens, parents = subtree(cand.token_ids, cand.parents, keep, check=False)
+        return Plan(tokens, parents, tree.depths[keep], cand.match_len[keep],
+                    cand.rank[keep] < 0, self.buckets[keep], self.confidence,
+                    self.truncated_at, float(np.exp(self.raw_scores[keep]).sum()), 0,
+                    cand.token_ids, cand.parents, keep)
+
+
+@dataclass
+class _StepShape:
+    """The step being shaped, request by request (EchoPlanner._shape): verified tokens
+    and tree requests so far, the budget left unused, and the rate (expected tokens per
+    second) every choice is priced at."""
+
+    cost: CostModel
+    step_requests: int
+    num_tokens: int
+    num_trees: int
+    spare: int
+    rate: float
+
+    @classmethod
+    def of(cls, cost: CostModel, trees: list[CandidateTree], selected: tuple[np.ndarray, ...],
+           step_requests: int, k_max: int) -> "_StepShape":
+        expected = sum(np.exp(t.scores[s]).sum() for t, s in zip(trees, selected))
+        num_tokens = sum(len(s) for s in selected) + step_requests
+        num_trees = sum(not _is_chain(t.parents, s) for t, s in zip(trees, selected))
+        rate = (step_requests + expected) / cost.time(num_tokens, num_trees, drafted=True)
+        return cls(cost, step_requests, num_tokens, num_trees,
+                   k_max - (num_tokens - step_requests), rate)
+
+    def choose(self, tree: CandidateTree, keep: np.ndarray, limit: int,
+               shared_budget: bool) -> tuple[np.ndarray, int]:
+        """This request's best option: its selection as chosen, no draft, or a root
+        path of at most ``limit`` nodes padded to the cheapest step size; updates the
+        step for the requests after it."""
+        cost = self.cost
+        branched = not _is_chain(tree.parents, keep)
+        rest_tokens, rest_trees = self.num_tokens - len(keep), self.num_trees - branched
+        # Option "no draft" (end -1, length 0) first, then every root path.
+        ends, path_sums, lengths = (np.concatenate([[none], column]) for none, column
+                                    in zip((-1, 0.0, 0), _root_paths(tree, limit)))
+        # The step time of every chain length up to the limit, and for each, the
+        # padded length >= it at which the step is cheapest.
+        sizes = np.arange(limit + 1)
+        size_times = cost.times(rest_tokens + sizes, rest_trees,
+                                drafted=(sizes > 0) | (rest_tokens > self.step_requests))
+        padded = _cheapest_at_or_above(size_times)
+        padded[0] = 0  # no draft is no draft: a filler-only chain never pays more
+        times = size_times[padded[lengths]]
+        # The gate truncates to release budget; a path that makes the step no slower
+        # than no draft at all releases nothing, so it may run past the truncation depth.
+        allowed = (lengths <= tree.trunc_depth) | (times <= times[0])
+        if not shared_budget and allowed[1:].any():
+            allowed[0] = False  # fixed K: drafting is not the cost model's call
+        ends, lengths, times = ends[allowed], lengths[allowed], times[allowed]
+        values = path_sums[allowed] - self.rate * times
+        best = int(np.argmax(values))
+        if branched and cost.tree_cost is not None:
+            as_tree = np.exp(tree.scores[keep]).sum() - self.rate * cost.time(
+                rest_tokens + len(keep), rest_trees + 1, drafted=True)
+            if as_tree >= values[best]:
+                return keep, 0
+        size = int(padded[lengths[best]])
+        self.spare += len(keep) - size
+        self.num_tokens, self.num_trees = rest_tokens + size, rest_trees
+        path = _path_to(tree.parents, int(ends[best])) if ends[best] >= 0 else keep[:0]
+        return path, size - len(path)
 
 
 def _warmup_budget(num_requests: int, factor: int) -> int:

@@ -1,0 +1,160 @@
+# SPDX-License-Identifier: Apache-2.0
+"""ECHO's benchmark matrix: workloads x batch sizes x dtypes, with its targets checked.
+
+    python benchmarks/matrix.py                                  # the whole matrix (hours on a CPU)
+    python benchmarks/matrix.py --workloads copy-edit --batch-sizes 1 --dtypes float32
+    python benchmarks/matrix.py --smoke                          # CI: one tiny cell, every step runs
+
+Each cell (workload, dtype, batch size) is one ``offline.py`` run with ``--repeats``
+paired rounds. Batch 1 and 64 run one wave of prompts (``--prompts-per-slot 1``
+at batch 64); batch 8 runs steady load: 4 x 8 prompts, so the batch stays full while
+requests finish and new ones start. A target is the median over rounds of
+echo's throughput divided by the other method's *in the same round*; "best" is the
+method with the highest median throughput in that cell. Writes ``matrix.md`` and
+``matrix.json`` into --out, with every cell's offline.py results next to them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_common  # noqa: E402
+import offline  # noqa: E402
+
+WORKLOADS = {
+    "spec-bench": "spec_bench_question.jsonl",
+    "copy-edit": "copy_edit_question.jsonl",
+    "long-context": "long_context_question.jsonl",
+    "short-chat": "short_chat_question.jsonl",
+}
+# The fixed configurations echo is compared with, and echo's ablations (shown, not targets).
+FIXED = ["none", "ngram", "ngram8", "logitspec", "logitspec-tree"]
+ABLATIONS = ["echo-dense", "echo-fixed-tau", "echo-no-shared-budget"]
+SMOKE = dict(workloads=["copy-edit"], batch_sizes=[1], dtypes=["float32"], repeats=1,
+             prompts=2, max_tokens=16, methods=["none", "ngram", "echo"])
+
+
+def prompts_for(batch: int, prompts: int) -> int:
+    """Batch 1 and 64: one wave (``prompts`` at batch 1); other sizes: steady, 4 x b."""
+    if batch == 1:
+        return prompts
+    return batch if batch >= 64 else 4 * batch
+
+
+def targets(batch: int, workload: str) -> list[tuple[str, str, float]]:
+    """(label, compared with: a method or "best", minimum ratio) for one cell."""
+    if batch == 1:
+        out = [("echo >= best at batch 1", "best", 1.00)]
+        if workload == "copy-edit":
+            out.append(("echo >= 1.10 x best on copy-heavy prompts", "best", 1.10))
+        return out
+    if batch >= 64:
+        return [("echo >= 0.98 x none at batch 64", "none", 0.98),
+                ("echo >= 1.15 x ngram at batch 64", "ngram", 1.15)]
+    return [(f"echo >= none at batch {batch}, steady", "none", 1.00),
+            (f"echo >= best at batch {batch}, steady", "best", 1.00)]
+
+
+def paired(results: list[dict], method: str, other: str) -> list[float]:
+    by = {(r["method"], r["round"]): r["output_tokens_per_s"]
+          for r in results if r["status"] == "ok"}
+    rounds = sorted({k for m, k in by if m == method})
+    return [by[(method, k)] / by[(other, k)] for k in rounds if (other, k) in by]
+
+
+def check_cell(report: dict, workload: str, batch: int) -> list[dict]:
+    summary = {e["method"]: e for e in report["summary"] if e["batch_size"] == batch}
+    fixed = [m for m in summary if m in FIXED]
+    best = max(fixed, key=lambda m: summary[m]["output_tokens_per_s"]["median"], default=None)
+    rows = []
+    for label, other, minimum in targets(batch, workload):
+        name = best if other == "best" else other
+        ratios = paired(report["results"], "echo", name) if name in summary else []
+        median = statistics.median(ratios) if ratios else None
+        rows.append({"target": label, "against": name, "minimum": minimum,
+                     "ratios": ratios, "median": median,
+                     "met": None if median is None else median >= minimum})
+    return rows
+
+
+def run_cell(args, workload: str, dtype: str, batch: int, out: Path) -> dict:
+    methods = args.methods or [*FIXED, "echo", *(ABLATIONS if args.ablations else [])]
+    argv = ["--dataset", WORKLOADS[workload], "--dtype", dtype, "--batch-sizes", str(batch),
+            "--num-prompts", str(prompts_for(batch, args.prompts)),
+            "--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats),
+            "--reference", "echo", "--out", str(out), "--methods", *methods]
+    offline.main(argv)
+    return json.loads((out / "results.json").read_text(encoding="utf-8"))
+
+
+def markdown(cells: list[dict]) -> str:
+    lines = ["| workload | dtype | batch | prompts | target | against | paired ratios | "
+             "median | met |", "|---|---|---|---|---|---|---|---|---|"]
+    for cell in cells:
+        for t in cell["targets"]:
+            ratios = " / ".join(f"{r:.2f}" for r in t["ratios"]) or "–"
+            met = {True: "met", False: "**not met**", None: "–"}[t["met"]]
+            lines.append(f"| {cell['workload']} | {cell['dtype']} | {cell['batch_size']} | "
+                         f"{cell['prompts']} | {t['target']} | {t['against']} | {ratios} | "
+                         f"{bench_common.fmt(t['median'])} | {met} |")
+    lines += ["", "| workload | dtype | batch | method | tok/s (median) | tok/forward | "
+              "vs none | vs echo |", "|---|---|---|---|---|---|---|---|"]
+    for cell in cells:
+        for e in cell["summary"]:
+            lines.append(
+                f"| {cell['workload']} | {cell['dtype']} | {cell['batch_size']} | {e['method']} "
+                f"| {e['output_tokens_per_s']['median']:.1f} | {e['tokens_per_forward']:.2f} | "
+                f"{offline._ratio_text(e.get('vs_none')) or '–'} | "
+                f"{offline._ratio_text(e.get('vs_echo')) or '–'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 64])
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
+                   choices=["float32", "bfloat16"])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--prompts", type=int, default=8, help="prompts per run at batch 1")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--methods", nargs="+", default=None,
+                   help="override the methods (default: the fixed ones and echo)")
+    p.add_argument("--ablations", action="store_true", help="also run echo's ablations")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--smoke", action="store_true", help=f"CI: {SMOKE}")
+    args = p.parse_args(argv)
+    if args.smoke:
+        for key, value in SMOKE.items():
+            setattr(args, key, value)
+    out = args.out or bench_common.RESULTS_DIR / time.strftime("matrix-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    cells: list[dict[str, Any]] = []
+    for workload in args.workloads:
+        for dtype in args.dtypes:
+            for batch in args.batch_sizes:
+                report = run_cell(args, workload, dtype, batch,
+                                  out / f"{workload}-{dtype}-b{batch}")
+                cells.append({"workload": workload, "dtype": dtype, "batch_size": batch,
+                              "prompts": prompts_for(batch, args.prompts),
+                              "summary": report["summary"],
+                              "targets": check_cell(report, workload, batch),
+                              "identical": {r["method"]: r["identical_to_none"]
+                                            for r in report["results"] if r["round"] == 0}})
+                bench_common.write_json(out / "matrix.json", cells)
+                (out / "matrix.md").write_text(markdown(cells), encoding="utf-8")
+    print(markdown(cells))
+    print(f"matrix in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

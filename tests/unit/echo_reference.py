@@ -1,0 +1,208 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Plain numpy references for ECHO's compiled scoring, gate and observation counting.
+
+Production runs the compiled passes in vllm_echo.algos.echo.forest_scoring; these
+are the same equations written one step at a time (ECHO Eq. 5-7), with input checks,
+used as oracles by the unit tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+from vllm_echo.algos.echo.calibration import GateConfig
+from vllm_echo.algos.echo.gate import MODES, _checks
+from vllm_echo.algos.echo.scores import AcceptancePrior, _int_array
+from vllm_echo.algos.tree import ROOT, validate_parents
+
+ArrayLike = Union[np.ndarray, Sequence[int], Sequence[float]]
+
+# log-probs a little above 0 are float noise from a log-softmax; larger ones
+# are a caller bug (S would grow along a path and exp(S) exceed 1).
+_LOGP_TOLERANCE = 1e-6
+
+
+def exclusive_sibling_logp(parents: ArrayLike, node_logp: ArrayLike) -> np.ndarray:
+    """Node log-probs once siblings are counted as exclusive.
+
+    ``node_logp`` holds each node's acceptance log-probability given its parent was
+    accepted, estimated one node at a time (by depth and match length). Siblings
+    carry distinct tokens, so at most one of them is accepted: taken in descending
+    probability, sibling j is worth p_j times the chance that every better sibling
+    was rejected, prod (1 - p_k). Without this, three retrieved continuations of one
+    m-gram at p = 0.7 each promise 2.1 tokens where at most one can come, and the
+    budget buys side branches (and tree verification) that do not pay.
+    """
+    par = validate_parents(parents)
+    logp = np.asarray(node_logp, dtype=np.float64)
+    if logp.shape != par.shape:
+        raise ValueError(f"node_logp has shape {logp.shape}, expected {par.shape}")
+    n = par.size
+    if n < 2:
+        return logp.copy()
+    p = np.exp(np.minimum(logp, 0.0))
+    order = np.lexsort((-p, par))  # grouped by parent, best first within a group
+    log_miss = np.log1p(-np.minimum(p[order], 1.0 - 1e-12))
+    before = np.cumsum(log_miss) - log_miss  # sum over everything earlier in ``order``
+    group = par[order]
+    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    first = np.repeat(starts, np.diff(np.r_[starts, n]))
+    out = logp.copy()
+    out[order] += before - before[first]  # only the better siblings' misses
+    return out
+
+
+def path_scores(parents: ArrayLike, node_logp: ArrayLike) -> np.ndarray:
+    """Path score S (Eq. 5): ``S_j = S_parent(j) + logp_j``, the root scoring 0.
+
+    ``node_logp`` must be log-probabilities (<= 0, no NaN), so S never grows
+    along a path; tiny positive float noise is clipped to 0.
+    """
+    par = validate_parents(parents)
+    logp = np.asarray(node_logp, dtype=np.float64)
+    if logp.shape != par.shape:
+        raise ValueError(f"node_logp has shape {logp.shape}, expected {par.shape}")
+    if np.isnan(logp).any():
+        raise ValueError("node_logp contains NaN")
+    if (logp > _LOGP_TOLERANCE).any():
+        raise ValueError(f"node_logp must be log-probabilities (<= 0), "
+                         f"got max {float(logp.max())}")
+    logp = np.minimum(logp, 0.0)
+    scores = np.empty(par.size, dtype=np.float64)
+    # Parent-first order: scores[p] is final before any child reads it.
+    for j, p in enumerate(par.tolist()):
+        scores[j] = logp[j] if p == ROOT else scores[p] + logp[j]
+    return scores
+
+
+def depth_confidence(scores: ArrayLike, depths: ArrayLike, max_depth: int) -> np.ndarray:
+    """Confidence per depth (Eq. 6): ``c[d-1] = exp(max S over depth-d nodes)``.
+
+    Depths with no node get 0 (nothing there to be confident about); nodes
+    deeper than ``max_depth`` are ignored.
+    """
+    if max_depth < 1:
+        raise ValueError(f"max_depth must be >= 1, got {max_depth}")
+    s = np.asarray(scores, dtype=np.float64)
+    d = _int_array(depths, "depths")
+    if s.shape != d.shape or s.ndim != 1:
+        raise ValueError(f"scores and depths must be 1-D of equal length, "
+                         f"got {s.shape} and {d.shape}")
+    if (d < 1).any():
+        raise ValueError(f"depths must be >= 1, got {int(d.min())}")
+    best = np.full(max_depth, -np.inf)
+    keep = d <= max_depth
+    np.maximum.at(best, d[keep] - 1, s[keep])
+    return np.exp(best)  # exp(-inf) == 0 for empty depths
+
+
+def observe_tree(prior: AcceptancePrior, parents: ArrayLike, depths: ArrayLike, match_lens: ArrayLike,
+                 is_retrieved_mask: ArrayLike, accepted_path: Sequence[int],
+                 token_ids: Optional[ArrayLike] = None,
+                 next_token: Optional[int] = None) -> int:
+    """Derive the observations of one verified tree and record them.
+
+    An observation is a retrieved node whose parent was accepted (the root
+    always is): only then did the node have a chance. Its label is whether
+    it was accepted. ``accepted_path`` lists the accepted node indices root
+    side first (as :func:`vllm_echo.algos.verify.verify_greedy` returns).
+
+    The verifier keeps one path, but an unmerged forest can hold the same
+    token twice under one accepted parent (e.g. the retrieved chain's head
+    equals the top next-next candidate); the copy that lost the tie was
+    correct all the same. Pass ``token_ids`` and ``next_token`` (the token
+    the target emitted after the path) to label every such node by what
+    the target actually produced after its parent. Without them the label
+    is membership in ``accepted_path``.
+
+    Returns the number of observations recorded.
+    """
+    par = validate_parents(parents)
+    n = par.size
+    dep = _int_array(depths, "depths")
+    retrieved = np.asarray(is_retrieved_mask, dtype=bool)
+    mlen = _int_array(match_lens, "match_lens")
+    for name, arr in (("depths", dep), ("match_lens", mlen),
+                      ("is_retrieved_mask", retrieved)):
+        if arr.shape != (n, ):
+            raise ValueError(f"{name} has shape {arr.shape}, expected ({n},)")
+    path = [int(j) for j in accepted_path]
+    expected_parent = ROOT
+    for j in path:
+        if not 0 <= j < n or par[j] != expected_parent:
+            raise ValueError(f"accepted_path {path} is not a root-first path "
+                             f"of the tree")
+        expected_parent = j
+    if (token_ids is None) != (next_token is None):
+        raise ValueError("pass both token_ids and next_token, or neither")
+
+    # Row-indexed (row = node + 1, row 0 = root) so the root needs no case.
+    parent_accepted = np.zeros(n + 1, dtype=bool)
+    parent_accepted[0] = True
+    parent_accepted[np.asarray(path, dtype=np.int64) + 1] = True
+    chance = retrieved & parent_accepted[par + 1]
+    if token_ids is None:
+        accepted = np.zeros(n, dtype=bool)
+        accepted[path] = True
+    else:
+        tokens = _int_array(token_ids, "token_ids")
+        if tokens.shape != (n, ):
+            raise ValueError(f"token_ids has shape {tokens.shape}, expected ({n},)")
+        # What the target produced after each accepted row: the next path
+        # token, or next_token after the last accepted row.
+        emitted = np.full(n + 1, -1, dtype=np.int64)
+        rows = [0] + [j + 1 for j in path]
+        for row, nxt in zip(rows, [tokens[j] for j in path] + [int(next_token)]):
+            emitted[row] = nxt
+        accepted = tokens == emitted[par + 1]
+    if chance.any():
+        prior.update(dep[chance], mlen[chance], accepted[chance])
+    return int(chance.sum())
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """``trunc_depth``: deepest depth kept (the tree's max depth if not
+    truncated, 0 for an empty tree); ``truncated``: a gate fired."""
+
+    trunc_depth: int
+    truncated: bool
+
+
+def truncation_depth(scores, depths, gate: GateConfig, mode: str = "sparse",
+                     fixed_tau: float = 0.2,
+                     dense_tau: Optional[float] = None) -> GateDecision:
+    """Gate decision for one tree from its path scores S and node depths."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    for name, tau in (("fixed_tau", fixed_tau), ("dense_tau", dense_tau)):
+        if tau is not None and not 0.0 <= tau <= 1.0:
+            raise ValueError(f"{name} must be a probability in [0, 1], got {tau}")
+    d = np.asarray(depths)
+    if d.size == 0:
+        return GateDecision(0, False)
+    max_depth = int(d.max())
+    conf = depth_confidence(scores, d, max_depth)
+    for depth, tau in _checks(gate, mode, max_depth, fixed_tau, dense_tau):
+        if depth > max_depth:
+            # Nothing that deep: the tree ends before the gate, uncut.
+            break
+        if conf[depth - 1] <= tau:
+            return GateDecision(int(depth), True)
+    return GateDecision(max_depth, False)
+
+
+def truncation_depths(scores_per_tree: Sequence, depths_per_tree: Sequence,
+                      gate: GateConfig, mode: str = "sparse", fixed_tau: float = 0.2,
+                      dense_tau: Optional[float] = None) -> tuple[np.ndarray, np.ndarray]:
+    """Batch version: ``(trunc_depths int array, truncated bool array)``, one per tree."""
+    if len(scores_per_tree) != len(depths_per_tree):
+        raise ValueError(f"{len(scores_per_tree)} score arrays but "
+                         f"{len(depths_per_tree)} depth arrays")
+    decisions = [truncation_depth(s, d, gate, mode, fixed_tau, dense_tau)
+                 for s, d in zip(scores_per_tree, depths_per_tree)]
+    return (np.array([x.trunc_depth for x in decisions], dtype=np.int64),
+            np.array([x.truncated for x in decisions], dtype=bool))
