@@ -415,13 +415,12 @@ class EchoPlanner:
         drafted, accepted, truncated, filler = [], [], [], 0
         for plan, path, next_token in plans:
             learned = plan.learned
-            self.prior.observe_tree(plan.parents, plan.depths,
-                                            np.maximum(plan.match_len, 1),
-                                            plan.retrieved & learned, path, plan.token_ids,
-                                            next_token)
+            self.prior.observe_tree(plan.parents, plan.depths, np.maximum(plan.match_len, 1),
+                                    plan.retrieved & learned, path, plan.token_ids,
+                                    next_token)
             self.head_prior.observe_tree(plan.parents, np.minimum(plan.depths, 1),
-                                                 plan.head_bucket, ~plan.retrieved & learned,
-                                                 path, plan.token_ids, next_token)
+                                         plan.head_bucket, ~plan.retrieved & learned,
+                                         path, plan.token_ids, next_token)
             # The confidence and the expectation are the candidates': an accepted filler
             # node reached no depth of theirs.
             reached = min(len(path), len(plan.token_ids) - plan.filler)

@@ -150,7 +150,7 @@ class AcceptancePrior:
         """Record the observations of one verified tree; returns how many.
 
         An observation is a retrieved node whose parent was accepted (the root
-        always is): only then did the node had a chance. It counts as accepted when
+        always is): only then did the node have a chance. It counts as accepted when
         its token is what the target emitted after its parent (the next path token,
         or ``next_token`` after the path's end), so a duplicate sibling of the
         accepted node counts too. ``accepted_path`` lists the accepted node indices
