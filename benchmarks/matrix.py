@@ -28,11 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common  # noqa: E402
 import offline  # noqa: E402
 
+# name -> (prompt file, fewest prompts at batch 1: Spec-Bench's 13 categories each get
+# one; its first 8 are MT-Bench's, so 8 prompts would be the short-chat set again)
 WORKLOADS = {
-    "spec-bench": "spec_bench_question.jsonl",
-    "copy-edit": "copy_edit_question.jsonl",
-    "long-context": "long_context_question.jsonl",
-    "short-chat": "short_chat_question.jsonl",
+    "spec-bench": ("spec_bench_question.jsonl", 13),
+    "copy-edit": ("copy_edit_question.jsonl", 1),
+    "long-context": ("long_context_question.jsonl", 1),
+    "short-chat": ("short_chat_question.jsonl", 1),
 }
 # The fixed configurations echo is compared with, and echo's ablations (shown, not targets).
 FIXED = ["none", "ngram", "ngram8", "logitspec", "logitspec-tree"]
@@ -41,10 +43,11 @@ SMOKE = dict(workloads=["copy-edit"], batch_sizes=[1], dtypes=["float32"], repea
              prompts=2, max_tokens=16, methods=["none", "ngram", "echo"])
 
 
-def prompts_for(batch: int, prompts: int) -> int:
-    """Batch 1 and 64: one wave (``prompts`` at batch 1); other sizes: steady, 4 x b."""
+def prompts_for(workload: str, batch: int, prompts: int) -> int:
+    """Batch 1 and 64: one wave (``prompts`` at batch 1, at least the workload's
+    fewest); other sizes: steady, 4 x b."""
     if batch == 1:
-        return prompts
+        return max(prompts, WORKLOADS[workload][1])
     return batch if batch >= 64 else 4 * batch
 
 
@@ -86,8 +89,8 @@ def check_cell(report: dict, workload: str, batch: int) -> list[dict]:
 
 def run_cell(args, workload: str, dtype: str, batch: int, out: Path) -> dict:
     methods = args.methods or [*FIXED, "echo", *(ABLATIONS if args.ablations else [])]
-    argv = ["--dataset", WORKLOADS[workload], "--dtype", dtype, "--batch-sizes", str(batch),
-            "--num-prompts", str(prompts_for(batch, args.prompts)),
+    argv = ["--dataset", WORKLOADS[workload][0], "--dtype", dtype, "--batch-sizes", str(batch),
+            "--num-prompts", str(prompts_for(workload, batch, args.prompts)),
             "--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats),
             "--reference", "echo", "--out", str(out), "--methods", *methods]
     offline.main(argv)
@@ -124,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
                    choices=["float32", "bfloat16"])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--prompts", type=int, default=8, help="prompts per run at batch 1")
+    p.add_argument("--prompts", type=int, default=8,
+                   help="prompts per run at batch 1 (Spec-Bench: at least 13, one per category)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--methods", nargs="+", default=None,
                    help="override the methods (default: the fixed ones and echo)")
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 report = run_cell(args, workload, dtype, batch,
                                   out / f"{workload}-{dtype}-b{batch}")
                 cells.append({"workload": workload, "dtype": dtype, "batch_size": batch,
-                              "prompts": prompts_for(batch, args.prompts),
+                              "prompts": prompts_for(workload, batch, args.prompts),
                               "summary": report["summary"],
                               "targets": check_cell(report, workload, batch),
                               "identical": {r["method"]: r["identical_to_none"]
