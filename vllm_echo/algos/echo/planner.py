@@ -77,6 +77,7 @@ _PRIOR_DEPTHS = 16
 _HEAD_PRIOR_MEAN = 0.1
 # Trees per class (reached depth d / did not) a depth needs to be calibrated.
 _MIN_CALIBRATION_SAMPLES = 10
+_NO_DRAFT = (np.empty(0, np.int32), np.empty(0, np.int32))  # (token_ids, parents)
 
 
 def head_bucket(logp: np.ndarray) -> np.ndarray:
@@ -222,8 +223,7 @@ class EchoPlanner:
         trees = [s.tree for s in scored if s is not None]
         if not trees:  # nothing to schedule: no budget, no shape, no plan
             self.last_k_max = 0
-            return [(np.empty(0, np.int32), np.empty(0, np.int32)) for _ in batch], \
-                [None] * len(batch)
+            return [_NO_DRAFT] * len(batch), [None] * len(batch)
         k_max = self._k_max(trees, per_request_cap, step_requests)
         probing = k_max == 0 and explore > 0
         if probing:
@@ -240,7 +240,7 @@ class EchoPlanner:
         drafts, plans = [], []
         for item in scored:
             if item is None:
-                drafts.append((np.empty(0, np.int32), np.empty(0, np.int32)))
+                drafts.append(_NO_DRAFT)
                 plans.append(None)
                 continue
             keep, filler = next(shaped_iter)
@@ -355,10 +355,10 @@ class EchoPlanner:
         step = _StepShape.of(self.cost, trees, selected, step_requests, k_max)
         share = k_max // max(len(trees), 1)
         out = []
-        for tree, keep in zip(trees, selected):
+        for i, (tree, keep) in enumerate(zip(trees, selected)):
             limit = min(len(keep) + step.spare if self.settings.shared_budget else share,
                         per_request_cap)
-            out.append(step.choose(tree, keep, limit, self.settings.shared_budget))
+            out.append(step.choose(i, tree, keep, limit, self.settings.shared_budget))
         return out
 
     def step_explore(self, num_requests: int) -> int | None:
@@ -473,24 +473,27 @@ class _StepShape:
     num_trees: int
     spare: int
     rate: float
+    branched: list[bool]  # per request: its selection is a tree, not one root path
+    expected: list[float]  # per request: the tokens its selection expects
 
     @classmethod
     def of(cls, cost: CostModel, trees: list[CandidateTree], selected: tuple[np.ndarray, ...],
            step_requests: int, k_max: int) -> "_StepShape":
-        expected = sum(np.exp(t.scores[s]).sum() for t, s in zip(trees, selected))
+        expected = [float(np.exp(t.scores[s]).sum()) for t, s in zip(trees, selected)]
+        branched = [not _is_chain(t.parents, s) for t, s in zip(trees, selected)]
         num_tokens = sum(len(s) for s in selected) + step_requests
-        num_trees = sum(not _is_chain(t.parents, s) for t, s in zip(trees, selected))
-        rate = (step_requests + expected) / cost.time(num_tokens, num_trees, drafted=True)
-        return cls(cost, step_requests, num_tokens, num_trees,
-                   k_max - (num_tokens - step_requests), rate)
+        rate = (step_requests + sum(expected)) / cost.time(num_tokens, sum(branched),
+                                                           drafted=True)
+        return cls(cost, step_requests, num_tokens, sum(branched),
+                   k_max - (num_tokens - step_requests), rate, branched, expected)
 
-    def choose(self, tree: CandidateTree, keep: np.ndarray, limit: int,
+    def choose(self, i: int, tree: CandidateTree, keep: np.ndarray, limit: int,
                shared_budget: bool) -> tuple[np.ndarray, int]:
-        """This request's best option: its selection as chosen, no draft, or a root
+        """Request ``i``'s best option: its selection as chosen, no draft, or a root
         path of at most ``limit`` nodes padded to the cheapest step size; updates the
         step for the requests after it."""
         cost = self.cost
-        branched = not _is_chain(tree.parents, keep)
+        branched = self.branched[i]
         rest_tokens, rest_trees = self.num_tokens - len(keep), self.num_trees - branched
         # Option "no draft" (end -1, length 0) first, then every root path.
         ends, path_sums, lengths = (np.concatenate([[none], column]) for none, column
@@ -512,7 +515,7 @@ class _StepShape:
         values = path_sums[allowed] - self.rate * times
         best = int(np.argmax(values))
         if branched and cost.tree_cost is not None:
-            as_tree = np.exp(tree.scores[keep]).sum() - self.rate * cost.time(
+            as_tree = self.expected[i] - self.rate * cost.time(
                 rest_tokens + len(keep), rest_trees + 1, drafted=True)
             if as_tree >= values[best]:
                 return keep, 0
