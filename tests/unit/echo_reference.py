@@ -1,18 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Plain numpy references for ECHO's compiled scoring, gate and observation counting.
+"""Plain numpy references for ECHO's compiled scoring, gate, observation counting and
+budget selection.
 
-Production runs the compiled passes in vllm_echo.algos.echo.forest_scoring; these
-are the same equations written one step at a time (ECHO Eq. 5-7), with input checks,
-used as oracles by the unit tests.
+Production runs the compiled passes in vllm_echo.algos.echo.forest_scoring and
+vllm_echo.algos.echo.budget; these are the same equations written one step at a time
+(ECHO Eq. 5-7), with input checks, used as oracles by the unit tests.
 """
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 import numpy as np
 
+from vllm_echo.algos.echo.budget import BudgetResult, CandidateTree
 from vllm_echo.algos.echo.calibration import GateConfig
 from vllm_echo.algos.echo.gate import MODES, _checks
 from vllm_echo.algos.echo.scores import AcceptancePrior, _int_array
@@ -206,3 +209,107 @@ def truncation_depths(scores_per_tree: Sequence, depths_per_tree: Sequence,
                  for s, d in zip(scores_per_tree, depths_per_tree)]
     return (np.array([x.trunc_depth for x in decisions], dtype=np.int64),
             np.array([x.truncated for x in decisions], dtype=bool))
+
+
+class _Request:
+    """Mutable selection state of one request during scheduling."""
+
+    def __init__(self, tree: CandidateTree, core_width: Optional[int]):
+        self.tree = tree
+        n = tree.size
+        par = tree.parents
+        # Children in CSR form: node j's children are child_order[lo:hi] with
+        # lo, hi = child_start[j + 1], child_start[j + 2] (row 0 = the root).
+        self.child_order = np.argsort(par, kind="stable")
+        counts = np.bincount(par + 1, minlength=n + 1)
+        self.child_start = np.concatenate([[0], np.cumsum(counts)])
+        self.selected_rows = np.zeros(n + 1, dtype=bool)
+        self.selected_rows[0] = True  # the root is always verified
+        self.count = 0
+        within = tree.depths <= tree.trunc_depth
+        if tree.confident or core_width is None:
+            depth_pool = within
+        else:
+            depth_pool = self._core(within, core_width)
+        # Which nodes each phase may hand out.
+        self.pools = {
+            "priority1": depth_pool,
+            "priority2": within & ~depth_pool,
+        }
+        self.scores = tree.scores.tolist()
+        self.depths = tree.depths.tolist()
+
+    def _core(self, within: np.ndarray, width: int) -> np.ndarray:
+        """Ancestor closure of the ``width`` best nodes at the truncation depth."""
+        tree = self.tree
+        core = np.zeros(tree.size, dtype=bool)
+        if not within.any():
+            return core
+        level = min(tree.trunc_depth, int(tree.depths[within].max()))
+        at_level = np.flatnonzero(tree.depths == level)
+        # Best S first, lower index on ties (stable sort).
+        best = at_level[np.argsort(-tree.scores[at_level], kind="stable")[:width]]
+        for j in best.tolist():
+            while j != ROOT and not core[j]:
+                core[j] = True
+                j = int(tree.parents[j])
+        return core
+
+    def children(self, j: int) -> list[int]:
+        return self.child_order[self.child_start[j + 1]:self.child_start[j + 2]].tolist()
+
+    def frontier(self, pool: np.ndarray) -> list[int]:
+        """Unselected pool nodes whose parent is selected (or is the root)."""
+        rows = self.selected_rows
+        ok = pool & ~rows[1:] & rows[self.tree.parents + 1]
+        return np.flatnonzero(ok).tolist()
+
+    def select(self, j: int) -> None:
+        self.selected_rows[j + 1] = True
+        self.count += 1
+
+
+def _fill(requests: list[_Request], order: Sequence[int], phase: str, budget: int,
+          cap: float) -> np.ndarray:
+    """Select up to ``budget`` nodes of the phase's pools by descending S, frontier first.
+
+    Returns how many nodes each request got. Heap keys are (-S, depth,
+    request, node): unique, so the outcome is deterministic.
+    """
+    got = np.zeros(len(requests), dtype=np.int64)
+    heap = []
+    for i in order:
+        req = requests[i]
+        if req.count >= cap:
+            continue
+        for j in req.frontier(req.pools[phase]):
+            heap.append((-req.scores[j], req.depths[j], i, j))
+    heapq.heapify(heap)
+    used = 0
+    while heap and used < budget:
+        _, _, i, j = heapq.heappop(heap)
+        req = requests[i]
+        if req.count >= cap:
+            continue
+        req.select(j)
+        got[i] += 1
+        used += 1
+        pool = req.pools[phase]
+        for c in req.children(j):
+            if pool[c]:
+                heapq.heappush(heap, (-req.scores[c], req.depths[c], i, c))
+    return got
+
+
+def schedule_shared(trees: Sequence[CandidateTree], k_max: int, cap: float,
+                    core_width: Optional[int]) -> BudgetResult:
+    """The shared budget's two phases, one heap of frontier nodes per phase (what
+    vllm_echo.algos.echo.budget._select compiles)."""
+    requests = [_Request(t, core_width) for t in trees]
+    everyone = range(len(requests))
+    budget = k_max
+    from_p1 = _fill(requests, everyone, "priority1", budget, cap)
+    budget -= int(from_p1.sum())
+    from_p2 = _fill(requests, everyone, "priority2", budget, cap)
+    selected = tuple(np.flatnonzero(r.selected_rows[1:]) for r in requests)
+    return BudgetResult(selected, from_p1, from_p2)

@@ -4,7 +4,7 @@ import pytest
 
 from vllm_echo.algos.echo.budget import CandidateTree, schedule_budget, subtree
 from vllm_echo.algos.echo.calibration import DEFAULT_GATE
-from echo_reference import path_scores, truncation_depth
+from echo_reference import path_scores, schedule_shared, truncation_depth
 from vllm_echo.algos.tree import tree_depths, validate_tree
 
 
@@ -191,6 +191,24 @@ def test_random_forests_match_global_sort_without_core(seed):
     for _, _, i, j in sorted(keys)[:k_max]:
         expected[i].add(j)
     assert [set(s.tolist()) for s in res.selected] == expected
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_compiled_selection_matches_the_heap_reference(seed):
+    """Node for node, with caps, cores and scores that rise along a path."""
+    rng = np.random.default_rng(2000 + seed)
+    trees = [random_forest(rng, n_max=40) for _ in range(int(rng.integers(0, 9)))]
+    if seed % 3 == 0:  # not monotone: the frontier alone keeps selections closed
+        trees = [CandidateTree(t.token_ids, t.parents, rng.permutation(t.scores), t.depths,
+                               t.trunc_depth, t.confident) for t in trees]
+    k_max = int(rng.integers(0, 80))
+    cap = None if rng.random() < 0.5 else int(rng.integers(0, 15))
+    core = None if rng.random() < 0.3 else int(rng.integers(1, 4))
+    got = schedule_budget(trees, k_max=k_max, per_request_cap=cap, core_width=core)
+    want = schedule_shared(trees, k_max, float("inf") if cap is None else cap, core)
+    assert [s.tolist() for s in got.selected] == [s.tolist() for s in want.selected]
+    np.testing.assert_array_equal(got.from_priority1, want.from_priority1)
+    np.testing.assert_array_equal(got.from_priority2, want.from_priority2)
 
 
 def test_subtree_reindexes_parent_first():

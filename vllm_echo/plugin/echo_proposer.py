@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_echo.algos.echo import forest_scoring
+from vllm_echo.algos.echo import budget, forest_scoring
 from vllm_echo.algos.echo.planner import Candidates, EchoPlanner, Plan
 from vllm_echo.algos.forest import build_forest_nodes
 from vllm_echo.plugin.tree_state import TreeDraft
@@ -42,6 +42,7 @@ class EchoProposer(LogitSpecProposer):
     def _warm_up(self) -> None:
         super()._warm_up()
         forest_scoring.warm_up()
+        budget.warm_up()
 
     def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu):
         self._check_layout()

@@ -35,8 +35,11 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
+from numba import njit
 
 from vllm_echo.algos.tree import ROOT, validate_tree
+
+_NO_CAP = 1 << 62  # per_request_cap None
 
 
 @dataclass(frozen=True, eq=False)
@@ -118,106 +121,117 @@ class BudgetResult:
         return int(self.counts.sum())
 
 
-class _Request:
-    """Mutable selection state of one request during scheduling."""
-
-    def __init__(self, tree: CandidateTree, core_width: Optional[int]):
-        self.tree = tree
-        n = tree.size
-        par = tree.parents
-        # Children in CSR form: node j's children are child_order[lo:hi] with
-        # lo, hi = child_start[j + 1], child_start[j + 2] (row 0 = the root).
-        self.child_order = np.argsort(par, kind="stable")
-        counts = np.bincount(par + 1, minlength=n + 1)
-        self.child_start = np.concatenate([[0], np.cumsum(counts)])
-        self.selected_rows = np.zeros(n + 1, dtype=bool)
-        self.selected_rows[0] = True  # the root is always verified
-        self.count = 0
-        within = tree.depths <= tree.trunc_depth
-        if tree.confident or core_width is None:
-            depth_pool = within
-        else:
-            depth_pool = self._core(within, core_width)
-        # Which nodes each phase may hand out.
-        self.pools = {
-            "priority1": depth_pool,
-            "priority2": within & ~depth_pool,
-        }
-        self.scores = tree.scores.tolist()
-        self.depths = tree.depths.tolist()
-
-    def _core(self, within: np.ndarray, width: int) -> np.ndarray:
-        """Ancestor closure of the ``width`` best nodes at the truncation depth."""
-        tree = self.tree
-        core = np.zeros(tree.size, dtype=bool)
-        if not within.any():
-            return core
-        level = min(tree.trunc_depth, int(tree.depths[within].max()))
-        at_level = np.flatnonzero(tree.depths == level)
-        # Best S first, lower index on ties (stable sort).
-        best = at_level[np.argsort(-tree.scores[at_level], kind="stable")[:width]]
-        for j in best.tolist():
+@njit(cache=True)
+def _select(offsets, parents, scores, depths, trunc_depths, confident, core_width, k_max,
+            cap):
+    """The two phases over the batch's concatenated trees (``parents`` local to each
+    tree, ``offsets`` where each starts; ``core_width`` < 0 for None). Returns the
+    selected mask and the nodes each phase gave each request."""
+    num_requests = offsets.size - 1
+    n = parents.size
+    owner = np.empty(n, np.int64)
+    pool1 = np.zeros(n, np.bool_)
+    pool2 = np.zeros(n, np.bool_)
+    for r in range(num_requests):
+        lo, hi = offsets[r], offsets[r + 1]
+        deepest = 0
+        for j in range(lo, hi):
+            owner[j] = r
+            if depths[j] <= trunc_depths[r]:
+                pool1[j] = True
+                deepest = max(deepest, depths[j])
+        if confident[r] or core_width < 0 or deepest == 0:
+            continue
+        # Truncated: priority 1 is the ancestor closure of its core_width best nodes
+        # at the truncation level (best S first, lower index on ties); priority 2 the
+        # rest of what the gate allows.
+        level = min(trunc_depths[r], deepest)
+        core = np.zeros(hi - lo, np.bool_)
+        picked = np.zeros(hi - lo, np.bool_)
+        for _ in range(core_width):
+            best = -1
+            for j in range(lo, hi):
+                if depths[j] == level and not picked[j - lo] and (
+                        best < 0 or scores[j] > scores[best]):
+                    best = j
+            if best < 0:
+                break
+            picked[best - lo] = True
+            j = best - lo
             while j != ROOT and not core[j]:
                 core[j] = True
-                j = int(tree.parents[j])
-        return core
-
-    def children(self, j: int) -> list[int]:
-        return self.child_order[self.child_start[j + 1]:self.child_start[j + 2]].tolist()
-
-    def frontier(self, pool: np.ndarray) -> list[int]:
-        """Unselected pool nodes whose parent is selected (or is the root)."""
-        rows = self.selected_rows
-        ok = pool & ~rows[1:] & rows[self.tree.parents + 1]
-        return np.flatnonzero(ok).tolist()
-
-    def select(self, j: int) -> None:
-        self.selected_rows[j + 1] = True
-        self.count += 1
-
-
-def _fill(requests: list[_Request], order: Sequence[int], phase: str, budget: int,
-          cap: float) -> np.ndarray:
-    """Select up to ``budget`` nodes of the phase's pools by descending S, frontier first.
-
-    Returns how many nodes each request got. Heap keys are (-S, depth,
-    request, node): unique, so the outcome is deterministic.
-    """
-    got = np.zeros(len(requests), dtype=np.int64)
-    heap = []
-    for i in order:
-        req = requests[i]
-        if req.count >= cap:
-            continue
-        for j in req.frontier(req.pools[phase]):
-            heap.append((-req.scores[j], req.depths[j], i, j))
-    heapq.heapify(heap)
-    used = 0
-    while heap and used < budget:
-        _, _, i, j = heapq.heappop(heap)
-        req = requests[i]
-        if req.count >= cap:
-            continue
-        req.select(j)
-        got[i] += 1
-        used += 1
-        pool = req.pools[phase]
-        for c in req.children(j):
-            if pool[c]:
-                heapq.heappush(heap, (-req.scores[c], req.depths[c], i, c))
-    return got
+                j = parents[lo + j]
+        for j in range(lo, hi):
+            pool2[j] = pool1[j] and not core[j - lo]
+            pool1[j] = core[j - lo]
+    # Children in CSR form over the concatenated nodes, in index order.
+    child_count = np.zeros(n + 1, np.int64)
+    for j in range(n):
+        if parents[j] != ROOT:
+            child_count[offsets[owner[j]] + parents[j] + 1] += 1
+    child_start = np.cumsum(child_count)
+    children = np.empty(n, np.int64)
+    filled = child_start[:-1].copy()
+    for j in range(n):
+        if parents[j] != ROOT:
+            parent = offsets[owner[j]] + parents[j]
+            children[filled[parent]] = j
+            filled[parent] += 1
+    selected = np.zeros(n, np.bool_)
+    count = np.zeros(num_requests, np.int64)
+    got = np.zeros((2, num_requests), np.int64)
+    budget = k_max
+    for phase in range(2):
+        pool = pool1 if phase == 0 else pool2
+        # Heap keys (-S, depth, request, node): unique, so the outcome is deterministic.
+        heap = [(0.0, 0, 0, 0)]
+        heap.pop()
+        for j in range(n):
+            r = owner[j]
+            parent_in = parents[j] == ROOT or selected[offsets[r] + parents[j]]
+            if pool[j] and not selected[j] and parent_in and count[r] < cap:
+                heap.append((-scores[j], depths[j], r, j))
+        heapq.heapify(heap)
+        used = 0
+        while len(heap) and used < budget:
+            _, _, r, j = heapq.heappop(heap)
+            if count[r] >= cap:
+                continue
+            selected[j] = True
+            count[r] += 1
+            got[phase, r] += 1
+            used += 1
+            for c in children[child_start[j]:child_start[j + 1]]:
+                if pool[c]:
+                    heapq.heappush(heap, (-scores[c], depths[c], r, c))
+        budget -= used
+    return selected, got[0], got[1]
 
 
 def _schedule_shared(trees: Sequence[CandidateTree], k_max: int, cap: float,
                      core_width: Optional[int]) -> BudgetResult:
-    requests = [_Request(t, core_width) for t in trees]
-    everyone = range(len(requests))
-    budget = k_max
-    from_p1 = _fill(requests, everyone, "priority1", budget, cap)
-    budget -= int(from_p1.sum())
-    from_p2 = _fill(requests, everyone, "priority2", budget, cap)
-    selected = tuple(np.flatnonzero(r.selected_rows[1:]) for r in requests)
-    return BudgetResult(selected, from_p1, from_p2)
+    if not trees:
+        empty = np.zeros(0, dtype=np.int64)
+        return BudgetResult((), empty, empty)
+    sizes = np.array([t.size for t in trees], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    selected, from_p1, from_p2 = _select(
+        offsets, np.concatenate([t.parents for t in trees]),
+        np.concatenate([t.scores for t in trees]), np.concatenate([t.depths for t in trees]),
+        np.array([t.trunc_depth for t in trees], dtype=np.int64),
+        np.array([t.confident for t in trees], dtype=np.bool_),
+        -1 if core_width is None else int(core_width), int(k_max),
+        _NO_CAP if cap == float("inf") else int(cap))
+    return BudgetResult(tuple(np.flatnonzero(selected[lo:hi])
+                              for lo, hi in zip(offsets[:-1], offsets[1:])),
+                        from_p1, from_p2)
+
+
+def warm_up() -> None:
+    """Compile the selection kernel (a decode step should not pay for it)."""
+    tree = CandidateTree.trusted(np.array([5, 6]), np.array([-1, 0]), np.array([-0.1, -0.2]),
+                                 np.array([1, 2]), 1, False)
+    _schedule_shared([tree], 2, float("inf"), 1)
 
 
 def schedule_budget(trees: Sequence[CandidateTree], k_max: int,

@@ -62,6 +62,9 @@ class CostModel:
         self._correction = np.zeros(1)  # per N (index), shrunk mean residual of the hinge
         self._bonus = np.zeros(1)  # per N, exploration bonus (falls with its samples)
         self._unseen_bonus = 0.0  # for N past the last measured one
+        # Per measured N: the hinge plus its correction, less its bonus (times() adds the
+        # tree and draft costs); computed once per fit, read several times a step.
+        self._known_times = np.zeros(1)
         self.fits = 0
         self._fitted_max = 0  # largest step size in the samples of the current fit
 
@@ -72,6 +75,7 @@ class CostModel:
         model = cls(min_samples=1 << 62)
         model.coef, model.knee = (float(a), float(b)), int(knee)
         model.tree_cost, model.draft_cost = tree_cost, draft_cost
+        model._tabulate()
         return model
 
     def add(self, num_tokens: int, seconds: float, num_trees: int = 0,
@@ -96,14 +100,15 @@ class CostModel:
     def times(self, num_tokens: np.ndarray, num_trees: int = 0,
               drafted: bool | np.ndarray = False) -> np.ndarray:
         """Modelled step time for each entry of ``num_tokens`` (needs a fit)."""
-        a, b = self.coef
         n = np.asarray(num_tokens, dtype=np.int64)
-        known = n < self._correction.size
-        index = np.minimum(n, self._correction.size - 1)
-        corr = np.where(known, self._correction[index] - self._bonus[index],
-                        -self._unseen_bonus)
-        return np.maximum(a + b * np.maximum(n - self.knee, 0.0) + corr
-                          + (self.tree_cost or 0.0) * num_trees
+        known = self._known_times
+        if n.size and n.max() < known.size:
+            base = known[n]
+        else:
+            a, b = self.coef
+            base = np.where(n < known.size, known[np.minimum(n, known.size - 1)],
+                            a + b * np.maximum(n - self.knee, 0.0) - self._unseen_bonus)
+        return np.maximum(base + (self.tree_cost or 0.0) * num_trees
                           + (self.draft_cost or 0.0) * np.asarray(drafted, dtype=np.float64),
                           1e-6)
 
@@ -155,7 +160,14 @@ class CostModel:
         self._unseen_bonus = self.explore * spread
         self._bonus = self._unseen_bonus / np.sqrt(1.0 + counts)
         self.coef = (a, b)
+        self._tabulate()
         self._fitted_max = int(n.max())
         self.tree_cost = c if with_trees else None
         self.draft_cost = dc if with_drafts else None
         self.fits += 1
+
+    def _tabulate(self) -> None:
+        a, b = self.coef
+        sizes = np.arange(self._correction.size)
+        self._known_times = (a + b * np.maximum(sizes - self.knee, 0.0)
+                             + (self._correction - self._bonus))

@@ -75,10 +75,11 @@ class EchoStepStats:
             deepest = int(d.max()) if d.size else 0
             if not 0 <= acc <= deepest:
                 raise ValueError(f"accepted length {acc} outside [0, {deepest}]")
-            np.add.at(self.drafted_per_depth, np.minimum(d, self.max_depth) - 1, 1)
+            self.drafted_per_depth += np.bincount(np.minimum(d, self.max_depth) - 1,
+                                                  minlength=self.max_depth)
             # The accepted path reached depths 1..acc.
-            np.add.at(self.accepted_per_depth, np.minimum(np.arange(1, acc + 1),
-                                                          self.max_depth) - 1, 1)
+            self.accepted_per_depth[:min(acc, self.max_depth)] += 1
+            self.accepted_per_depth[-1] += max(acc - self.max_depth, 0)
             self.drafted += d.size
             self.accepted += acc
             self.sum_tree_depth += deepest
