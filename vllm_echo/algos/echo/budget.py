@@ -130,51 +130,50 @@ def _select(offsets, parents, scores, depths, trunc_depths, confident, core_widt
     num_requests = offsets.size - 1
     n = parents.size
     owner = np.empty(n, np.int64)
+    parent_at = np.empty(n, np.int64)  # parent's index among the concatenated nodes
     pool1 = np.zeros(n, np.bool_)
     pool2 = np.zeros(n, np.bool_)
+    core = np.zeros(n, np.bool_)  # truncated requests' priority-1 nodes
     for r in range(num_requests):
         lo, hi = offsets[r], offsets[r + 1]
         deepest = 0
         for j in range(lo, hi):
             owner[j] = r
+            parent_at[j] = ROOT if parents[j] == ROOT else lo + parents[j]
             if depths[j] <= trunc_depths[r]:
                 pool1[j] = True
                 deepest = max(deepest, depths[j])
         if confident[r] or core_width < 0 or deepest == 0:
             continue
         # Truncated: priority 1 is the ancestor closure of its core_width best nodes
-        # at the truncation level (best S first, lower index on ties); priority 2 the
-        # rest of what the gate allows.
-        level = min(trunc_depths[r], deepest)
-        core = np.zeros(hi - lo, np.bool_)
-        picked = np.zeros(hi - lo, np.bool_)
+        # at the truncation level, the deepest the gate allows (best S first, lower
+        # index on ties); priority 2 the rest of what the gate allows.
         for _ in range(core_width):
             best = -1
             for j in range(lo, hi):
-                if depths[j] == level and not picked[j - lo] and (
+                if depths[j] == deepest and not core[j] and (
                         best < 0 or scores[j] > scores[best]):
                     best = j
             if best < 0:
                 break
-            picked[best - lo] = True
-            j = best - lo
+            j = best
             while j != ROOT and not core[j]:
                 core[j] = True
-                j = parents[lo + j]
+                j = parent_at[j]
         for j in range(lo, hi):
-            pool2[j] = pool1[j] and not core[j - lo]
-            pool1[j] = core[j - lo]
+            pool2[j] = pool1[j] and not core[j]
+            pool1[j] = core[j]
     # Children in CSR form over the concatenated nodes, in index order.
     child_count = np.zeros(n + 1, np.int64)
     for j in range(n):
-        if parents[j] != ROOT:
-            child_count[offsets[owner[j]] + parents[j] + 1] += 1
+        if parent_at[j] != ROOT:
+            child_count[parent_at[j] + 1] += 1
     child_start = np.cumsum(child_count)
     children = np.empty(n, np.int64)
     filled = child_start[:-1].copy()
     for j in range(n):
-        if parents[j] != ROOT:
-            parent = offsets[owner[j]] + parents[j]
+        parent = parent_at[j]
+        if parent != ROOT:
             children[filled[parent]] = j
             filled[parent] += 1
     selected = np.zeros(n, np.bool_)
@@ -188,7 +187,7 @@ def _select(offsets, parents, scores, depths, trunc_depths, confident, core_widt
         heap.pop()
         for j in range(n):
             r = owner[j]
-            parent_in = parents[j] == ROOT or selected[offsets[r] + parents[j]]
+            parent_in = parent_at[j] == ROOT or selected[parent_at[j]]
             if pool[j] and not selected[j] and parent_in and count[r] < cap:
                 heap.append((-scores[j], depths[j], r, j))
         heapq.heapify(heap)

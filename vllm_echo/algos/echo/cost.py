@@ -105,9 +105,8 @@ class CostModel:
         if n.size and n.max() < known.size:
             base = known[n]
         else:
-            a, b = self.coef
             base = np.where(n < known.size, known[np.minimum(n, known.size - 1)],
-                            a + b * np.maximum(n - self.knee, 0.0) - self._unseen_bonus)
+                            self._hinge(n) - self._unseen_bonus)
         return np.maximum(base + (self.tree_cost or 0.0) * num_trees
                           + (self.draft_cost or 0.0) * np.asarray(drafted, dtype=np.float64),
                           1e-6)
@@ -166,8 +165,10 @@ class CostModel:
         self.draft_cost = dc if with_drafts else None
         self.fits += 1
 
-    def _tabulate(self) -> None:
+    def _hinge(self, n: np.ndarray) -> np.ndarray:
         a, b = self.coef
-        sizes = np.arange(self._correction.size)
-        self._known_times = (a + b * np.maximum(sizes - self.knee, 0.0)
+        return a + b * np.maximum(n - self.knee, 0.0)
+
+    def _tabulate(self) -> None:
+        self._known_times = (self._hinge(np.arange(self._correction.size))
                              + (self._correction - self._bonus))
