@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from vllm_echo.algos import top_logprobs
 from vllm_echo.algos.forest import SOURCE_LOGITS, SOURCE_RETRIEVAL, build_forest, first_chain
 from vllm_echo.algos.ngram_index import NgramIndex
 from vllm_echo.config import DEFAULT_NUM_SPECULATIVE_TOKENS
@@ -286,6 +287,7 @@ class LogitSpecProposer:
         candidates = np.arange(4, dtype=np.int32)
         first_chain(index, candidates, self.num_speculative_tokens)
         build_forest(index, candidates, self.settings.capacity)
+        top_logprobs.warm_up()
 
     def _log_failure(self, where: str, exc: BaseException) -> None:
         kind = f"{where}:{type(exc).__name__}"

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from vllm_echo.algos.top_logprobs import top_logprobs
 from vllm_echo.plugin.tree_state import TreeContext, attach_to_runner, context_of_runner
 
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
@@ -140,7 +141,8 @@ class LastLogitsTopK:
     between: the runner condenses its batch only at the start of the next step).
     The top-k and its log-probabilities are computed on first read, so a step
     whose proposer drafts nothing (ECHO when no draft can pay) does not pay for a
-    top-k and a log-sum-exp over the vocabulary. ``release()`` drops the logits.
+    top-k and a log-sum-exp over the vocabulary; on CPU both run as one compiled
+    pass per row (vllm_echo/algos/top_logprobs.py). ``release()`` drops the logits.
     """
 
     def __init__(self, k: int):
@@ -177,6 +179,12 @@ class LastLogitsTopK:
 
         logits, rows = self._pending
         self._pending = None
+        if logits.device.type == "cpu":
+            if logits.dtype != torch.float32 or not logits.is_contiguous():
+                logits, rows = logits[rows].float(), torch.arange(len(rows))
+            self._token_ids, self._logprobs = top_logprobs(logits.numpy(), rows.numpy(),
+                                                           self.k)
+            return
         last = logits[rows].float()
         top = torch.topk(last, min(self.k, last.shape[-1]), dim=-1)
         self._logprobs = (top.values - torch.logsumexp(last, dim=-1, keepdim=True)).cpu().numpy()
