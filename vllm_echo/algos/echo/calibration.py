@@ -190,6 +190,11 @@ class Calibrator:
     def ready(self) -> bool:
         return not self._finalized and self._since_finalize >= self.warmup_steps
 
+    @property
+    def finalized(self) -> bool:
+        """The gate is computed; later observations would change nothing."""
+        return self._finalized
+
     def observe(self, confidence_by_depth, reached_depth: int,
                 known_depth: Optional[int] = None) -> None:
         """Record one verified tree: ``c[d-1]`` per depth, accepted length, and the

@@ -413,6 +413,7 @@ class EchoPlanner:
         if not plans:
             return
         drafted, accepted, truncated, filler = [], [], [], 0
+        calibrated = self.calibrator.finalized
         for plan, path, next_token in plans:
             learned = plan.learned
             self.prior.observe_tree(plan.parents, plan.depths, np.maximum(plan.match_len, 1),
@@ -424,7 +425,9 @@ class EchoPlanner:
             # The confidence and the expectation are the candidates': an accepted filler
             # node reached no depth of theirs.
             reached = min(len(path), len(plan.token_ids) - plan.filler)
-            self.calibrator.observe(plan.confidence, *plan.calibration_label(path, next_token))
+            if not calibrated:
+                self.calibrator.observe(plan.confidence,
+                                        *plan.calibration_label(path, next_token))
             self.realized.observe(plan.expected, reached)
             drafted.append(plan.depths)
             accepted.append(len(path))
