@@ -121,7 +121,16 @@ class CostModel:
         return 2 * self._fitted_max if self.fits else None
 
     def time(self, num_tokens: int, num_trees: int = 0, drafted: bool = False) -> float:
-        return float(self.times(np.array([num_tokens]), num_trees, drafted)[0])
+        """``times`` for one step, in plain floats (the same arithmetic, in the same
+        order; the planner asks this once per request and step)."""
+        n = int(num_tokens)
+        if n < self._known_times.size:
+            base = float(self._known_times[n])
+        else:
+            a, b = self.coef
+            base = a + b * max(n - self.knee, 0.0) - self._unseen_bonus
+        return max(base + (self.tree_cost or 0.0) * num_trees
+                   + (self.draft_cost or 0.0) * float(bool(drafted)), 1e-6)
 
     def _both_cases(self, values: np.ndarray) -> bool:
         nonzero = np.count_nonzero(values)
