@@ -421,3 +421,19 @@ def test_calibration_label_uncensors_a_cut_plan():
                  np.ones(1, bool), np.ones(1, int), np.r_[0.5, 0.4, 0.2, np.zeros(29)], 0,
                  0.0, 0, cand_tokens, cand_parents, np.array([0])).with_filler(2)
     assert chain.calibration_label([0, 1], 0) == (1, MAX_DEPTH)  # filler 5: no child 5
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_cost_model_is_not_tilted_by_bursts_of_slow_steps(seed):
+    # A shared machine slows a few steps at a time; a least-squares line through
+    # them trades intercept for slope. Steps of one size are fitted by their median.
+    rng = np.random.default_rng(seed)
+    model = CostModel()
+    for _ in range(400):
+        n = int(rng.choice([1, 1, 1, 2, 4, 5, 5, 5, 6, 8, 12, 16]))
+        seconds = (0.02 + 0.001 * max(n - 4, 0)) * (1 + rng.normal(0, 0.03))
+        if rng.random() < 0.1:
+            seconds *= 1.5
+        model.add(n, seconds, 0, n > 1)
+    assert model.knee == 4
+    assert model.coef[1] == pytest.approx(0.001, rel=0.05)

@@ -30,13 +30,17 @@ class CostModel:
     The hinge is the shape; the measured curve has bumps it cannot express, and they
     are large at small N on this CPU: at batch 1 in fp32 a step verifying N = 1 / 2 /
     4 / 6 / 7 tokens took 34.6 / 37.8 / 32.7 / 32.0 / 35.9 ms (oneDNN's kernels for 2
-    rows are slower than for 4). So every N keeps the mean residual of its own
-    samples, shrunk toward 0 by ``shrink`` pseudo-samples: T(N) = hinge + that
+    rows are slower than for 4). So every N keeps the residual of its own samples
+    (by their medians, below), shrunk toward 0 by ``shrink`` pseudo-samples: T(N) = hinge + that
     correction. A well-measured N is priced by its measurements, a rarely seen one
     mostly by the hinge, minus an exploration bonus of ``explore`` residual standard
     deviations / sqrt(1 + its samples): the planner only measures the sizes it
     chooses, so without the bonus a size the hinge overprices (4 tokens, after 2
     were slow) would never be tried, and never priced right.
+
+    Each kind of step (N, R, D) enters the fit as the median of its times, weighted
+    by its count, and the corrections are its median's residual: a burst of slow
+    steps on a shared machine moves a median little and a mean a lot.
 
     Samples live in a sliding window and are refitted every ``refit_every`` new
     ones: the knee is found as the planner explores larger N, and the model follows
@@ -141,26 +145,37 @@ class CostModel:
         n, r, d, t = (np.asarray(x, float) for x in (self._n, self._r, self._d, self._t))
         extra = [col for col in (r, d) if self._both_cases(col)]
         with_trees, with_drafts = self._both_cases(r), self._both_cases(d)
+        # Steps of one kind (N, R, D) enter the fit as their median time, weighted by
+        # their count: on a shared machine slow bursts hit a few steps at a time, and a
+        # least-squares line through them trades intercept for slope (a burst among
+        # the rarer large steps made every draft token look dearer).
+        gn, gr, gd, gt, weight = _group_medians(n, r, d, t)
+        group_extra = [col for col, keep in ((gr, with_trees), (gd, with_drafts)) if keep]
+        root_weight = np.sqrt(weight)
         knots = np.unique(n)[:-1]  # a knot needs samples past it to price them
         if knots.size > self.max_knots:
             knots = np.unique(np.quantile(knots, np.linspace(0, 1, self.max_knots)).round())
         best = None
         for knee in knots:
-            x = np.maximum(n - knee, 0.0)
-            columns = np.stack([np.ones_like(n), x] + extra, axis=1)
-            coef, *_ = np.linalg.lstsq(columns, t, rcond=None)
+            gx = np.maximum(gn - knee, 0.0)
+            columns = np.stack([np.ones_like(gn), gx] + group_extra, axis=1)
+            coef, *_ = np.linalg.lstsq(columns * root_weight[:, None], gt * root_weight,
+                                       rcond=None)
             # Noise can tilt the fit; time never falls with more work, nor is negative.
             b, *fixed = np.maximum(coef[1:], 0.0)
             c = fixed.pop(0) if with_trees else 0.0
             dc = fixed.pop(0) if with_drafts else 0.0
+            x = np.maximum(n - knee, 0.0)
             a = max(float(np.median(t - b * x - c * r - dc * d)), 1e-6)
-            sse = float(np.sum((t - a - b * x - c * r - dc * d)**2))
+            sse = float(np.sum(weight * (gt - a - b * gx - c * gr - dc * gd)**2))
             if best is None or sse < best[0]:  # ties: the smaller knee (prices more)
                 best = (sse, int(knee), a, float(b), float(c), float(dc))
         _, self.knee, a, b, c, dc = best
         residual = t - a - b * np.maximum(n - self.knee, 0.0) - c * r - dc * d
+        group_residual = gt - a - b * np.maximum(gn - self.knee, 0.0) - c * gr - dc * gd
         size = int(n.max()) + 1
-        sums = np.bincount(n.astype(np.int64), weights=residual, minlength=size)
+        sums = np.bincount(gn.astype(np.int64), weights=weight * group_residual,
+                           minlength=size)
         counts = np.bincount(n.astype(np.int64), minlength=size)
         self._correction = np.divide(sums, counts + self.shrink, out=np.zeros(size),
                                      where=counts > 0)
@@ -181,3 +196,15 @@ class CostModel:
     def _tabulate(self) -> None:
         self._known_times = (self._hinge(np.arange(self._correction.size))
                              + (self._correction - self._bonus))
+
+
+def _group_medians(n: np.ndarray, r: np.ndarray, d: np.ndarray, t: np.ndarray
+                   ) -> tuple[np.ndarray, ...]:
+    """Per distinct (n, r, d): n, r, d, the median of its t, and its sample count."""
+    rows = int(r.max()) + 1
+    keys, first, group, counts = np.unique((n * rows + r) * 2 + d, return_index=True,
+                                           return_inverse=True, return_counts=True)
+    ordered = t[np.lexsort((t, group))]  # by group, then by time
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    medians = 0.5 * (ordered[starts + (counts - 1) // 2] + ordered[starts + counts // 2])
+    return n[first], r[first], d[first], medians, counts.astype(float)
