@@ -31,8 +31,8 @@ class CostModel:
     are large at small N on this CPU: at batch 1 in fp32 a step verifying N = 1 / 2 /
     4 / 6 / 7 tokens took 34.6 / 37.8 / 32.7 / 32.0 / 35.9 ms (oneDNN's kernels for 2
     rows are slower than for 4). So every N keeps the residual of its own samples
-    (by their medians, below), shrunk toward 0 by ``shrink`` pseudo-samples: T(N) = hinge + that
-    correction. A well-measured N is priced by its measurements, a rarely seen one
+    (by their medians, below), shrunk toward 0 by ``shrink`` pseudo-samples:
+    T(N) = hinge + that correction. A well-measured N is priced by its measurements, a rarely seen one
     mostly by the hinge, minus an exploration bonus of ``explore`` residual standard
     deviations / sqrt(1 + its samples): the planner only measures the sizes it
     chooses, so without the bonus a size the hinge overprices (4 tokens, after 2
@@ -143,7 +143,6 @@ class CostModel:
     def _fit(self) -> None:
         self._since_fit = 0
         n, r, d, t = (np.asarray(x, float) for x in (self._n, self._r, self._d, self._t))
-        extra = [col for col in (r, d) if self._both_cases(col)]
         with_trees, with_drafts = self._both_cases(r), self._both_cases(d)
         # Steps of one kind (N, R, D) enter the fit as their median time, weighted by
         # their count: on a shared machine slow bursts hit a few steps at a time, and a
@@ -202,7 +201,7 @@ def _group_medians(n: np.ndarray, r: np.ndarray, d: np.ndarray, t: np.ndarray
                    ) -> tuple[np.ndarray, ...]:
     """Per distinct (n, r, d): n, r, d, the median of its t, and its sample count."""
     rows = int(r.max()) + 1
-    keys, first, group, counts = np.unique((n * rows + r) * 2 + d, return_index=True,
+    _, first, group, counts = np.unique((n * rows + r) * 2 + d, return_index=True,
                                            return_inverse=True, return_counts=True)
     ordered = t[np.lexsort((t, group))]  # by group, then by time
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
