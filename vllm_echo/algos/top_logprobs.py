@@ -37,14 +37,8 @@ def _sum_exp_below(row, peak):
     for j in range(row.size):
         y = max(row[j] - peak, _CLAMP) * _SCALE
         e = one + y * (one + y * (c1 + y * (c2 + y * (c3 + y * (c4 + y * c5)))))
-        e = e * e
-        e = e * e
-        e = e * e
-        e = e * e
-        e = e * e
-        e = e * e
-        e = e * e
-        e = e * e
+        for _ in range(8):  # exp(y / 256) ** 256
+            e = e * e
         total += e
     return total
 
@@ -108,7 +102,8 @@ def _top_logprobs(logits, rows, k, out_ids, out_logp):
             out_logp[i, j] -= norm
 
 
-def top_logprobs(logits: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def top_logprobs(logits: np.ndarray, rows: np.ndarray, k: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """For each ``logits[rows[i]]`` (float32, 2-D): its ``k`` most likely token ids,
     best first (ties: the lower id), int32, and their log-softmax, float32; both of
     shape ``(len(rows), min(k, vocabulary))``."""

@@ -32,11 +32,11 @@ class CostModel:
     4 / 6 / 7 tokens took 34.6 / 37.8 / 32.7 / 32.0 / 35.9 ms (oneDNN's kernels for 2
     rows are slower than for 4). So every N keeps the residual of its own samples
     (by their medians, below), shrunk toward 0 by ``shrink`` pseudo-samples:
-    T(N) = hinge + that correction. A well-measured N is priced by its measurements, a rarely seen one
-    mostly by the hinge, minus an exploration bonus of ``explore`` residual standard
-    deviations / sqrt(1 + its samples): the planner only measures the sizes it
-    chooses, so without the bonus a size the hinge overprices (4 tokens, after 2
-    were slow) would never be tried, and never priced right.
+    T(N) = hinge + that correction. A well-measured N is priced by its measurements,
+    a rarely seen one mostly by the hinge, minus an exploration bonus of ``explore``
+    residual standard deviations / sqrt(1 + its samples): the planner only measures
+    the sizes it chooses, so without the bonus a size the hinge overprices (4 tokens,
+    after 2 were slow) would never be tried, and never priced right.
 
     Each kind of step (N, R, D) enters the fit as the median of its times, weighted
     by its count, and the corrections are its median's residual: a burst of slow
@@ -131,8 +131,7 @@ class CostModel:
         if n < self._known_times.size:
             base = float(self._known_times[n])
         else:
-            a, b = self.coef
-            base = a + b * max(n - self.knee, 0.0) - self._unseen_bonus
+            base = float(self._hinge(n)) - self._unseen_bonus
         return max(base + (self.tree_cost or 0.0) * num_trees
                    + (self.draft_cost or 0.0) * float(bool(drafted)), 1e-6)
 
