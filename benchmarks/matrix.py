@@ -6,8 +6,10 @@
     python benchmarks/matrix.py --smoke                          # CI: one tiny cell, every step runs
 
 Each cell (workload, dtype, batch size) is one ``offline.py`` run with ``--repeats``
-paired rounds. Batch 1 and 64 run one wave of prompts (``--prompts-per-slot 1``
-at batch 64); batch 8 runs steady load: 4 x 8 prompts, so the batch stays full while
+paired rounds; at batch 1 each round is interleaved (``offline.py --interleave``: the
+methods' engines side by side, prompt by prompt). Batch 1 and 64 run one wave of
+prompts (``--prompts-per-slot 1`` at batch 64); batch 8 runs steady load: 4 x 8
+prompts, so the batch stays full while
 requests finish and new ones start. A target is the median over rounds of
 echo's throughput divided by the other method's *in the same round*; "best" is the
 method with the highest median throughput in that cell. Writes ``matrix.md`` and
@@ -93,7 +95,7 @@ def run_cell(args, workload: str, dtype: str, batch: int, out: Path) -> dict:
             "--num-prompts", str(prompts_for(workload, batch, args.prompts)),
             "--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats),
             "--reference", "echo", "--out", str(out), "--methods", *methods]
-    offline.main(argv)
+    offline.main(argv + (["--interleave"] if batch == 1 else []))
     return json.loads((out / "results.json").read_text(encoding="utf-8"))
 
 

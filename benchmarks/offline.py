@@ -22,6 +22,12 @@ method once, in an order rotated by one each round, so no method always goes fir
 or last. Ratios are paired by round (method / reference of the same round), which
 cancels the machine's drift between rounds; the summary gives medians and ranges.
 
+``--interleave`` (batch 1): within a round, every method's engine is started at once
+and the prompts go to them one at a time, each prompt to every method in turn (the
+order rotated per prompt), so a method's wall time is the sum of its prompts' and a
+slow stretch of a shared machine costs every method alike. On a VM whose speed
+drifts by 10-25% within a minute, whole-run rounds of 30-50 s each cannot pair that.
+
 Writes results.json, results.md and (with matplotlib) PNG plots into --out.
 """
 
@@ -31,6 +37,7 @@ import argparse
 import importlib.util
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
@@ -98,6 +105,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reference", default="none",
                    help="method every other one is also compared with, per round "
                         "(e.g. echo, to read echo / ngram directly)")
+    p.add_argument("--interleave", action="store_true",
+                   help="batch 1: run a round's methods side by side, prompt by prompt")
     p.add_argument("--smoke", action="store_true",
                    help="CI: 2 prompts, batch 1, max_tokens 16, methods none and logitspec")
     args = p.parse_args(argv)
@@ -164,22 +173,12 @@ def prepare_prompts(args, model: str, count: int):
     return chosen, [rendered[p.text] for p in chosen], warm, skipped
 
 
-def run_config(job: dict, workdir: Path, name: str, timeout: float) -> dict:
-    job_path = workdir / f"{name}.job.json"
-    result_path = workdir / f"{name}.result.json"
-    log_path = workdir / f"{name}.log"
-    job_path.write_text(json.dumps(job), encoding="utf-8")
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "TOKENIZERS_PARALLELISM": "false"}
-    start = time.perf_counter()
-    with open(log_path, "w", encoding="utf-8") as log:
-        try:
-            proc = subprocess.run([sys.executable, str(WORKER), str(job_path), str(result_path)],
-                                  stdout=log, stderr=subprocess.STDOUT, env=env,
-                                  timeout=timeout, check=False)
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
+def _worker_env() -> dict[str, str]:
+    return {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _read_result(result_path: Path, log_path: Path, rc: Any, start: float) -> dict:
     if result_path.is_file():
         result = json.loads(result_path.read_text(encoding="utf-8"))
     else:
@@ -188,6 +187,96 @@ def run_config(job: dict, workdir: Path, name: str, timeout: float) -> dict:
     result["process_s"] = time.perf_counter() - start
     result["log"] = str(log_path)
     return result
+
+
+def run_config(job: dict, workdir: Path, name: str, timeout: float) -> dict:
+    job_path = workdir / f"{name}.job.json"
+    result_path = workdir / f"{name}.result.json"
+    log_path = workdir / f"{name}.log"
+    job_path.write_text(json.dumps(job), encoding="utf-8")
+    start = time.perf_counter()
+    with open(log_path, "w", encoding="utf-8") as log:
+        try:
+            proc = subprocess.run([sys.executable, str(WORKER), str(job_path), str(result_path)],
+                                  stdout=log, stderr=subprocess.STDOUT, env=_worker_env(),
+                                  timeout=timeout, check=False)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    return _read_result(result_path, log_path, rc, start)
+
+
+class _InterleavedWorker:
+    """One method's worker in an interleaved round (offline_worker.py's protocol)."""
+
+    def __init__(self, job: dict, workdir: Path, name: str):
+        self.job_path = workdir / f"{name}.job.json"
+        self.result_path = workdir / f"{name}.result.json"
+        self.log_path = workdir / f"{name}.log"
+        read_fd, write_fd = os.pipe()
+        self.job_path.write_text(json.dumps({**job, "interleaved": True, "reply_fd": write_fd}),
+                                 encoding="utf-8")
+        self.start = time.perf_counter()
+        self.log = open(self.log_path, "w", encoding="utf-8")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(WORKER), str(self.job_path), str(self.result_path)],
+            stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT, text=True,
+            env=_worker_env(), pass_fds=(write_fd,))
+        os.close(write_fd)  # the worker holds the write end: EOF when it exits
+        self.replies = os.fdopen(read_fd, "r", encoding="utf-8")
+
+    def reply(self, timeout: float) -> dict | None:
+        """The worker's next reply; None when it exited or did not answer in time."""
+        ready, _, _ = select.select([self.replies], [], [], timeout)
+        line = self.replies.readline() if ready else ""
+        return json.loads(line) if line else None
+
+    def send(self, command: dict) -> bool:
+        try:
+            self.proc.stdin.write(json.dumps(command) + "\n")
+            self.proc.stdin.flush()
+            return True
+        except (BrokenPipeError, OSError):
+            return False
+
+    def finish(self, timeout: float) -> dict:
+        self.send({"done": True})
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = "timeout"
+        self.replies.close()
+        self.log.close()
+        return _read_result(self.result_path, self.log_path, rc, self.start)
+
+
+# Pause between two prompts of an interleaved round: the OpenMP threads of the worker
+# that just ran spin a little before they sleep, and would slow the next one.
+_INTERLEAVE_PAUSE_S = 0.1
+
+
+def run_interleaved(jobs: dict[str, dict], workdir: Path, tags: dict[str, str],
+                    timeout: float, rotation: int) -> dict[str, dict]:
+    """One interleaved round (``--interleave``): every job's worker started at once,
+    then prompt by prompt, each prompt to every worker in turn, the order rotated by
+    one per prompt (starting at ``rotation``). A worker that fails drops out of the
+    round; its result says why."""
+    workers = {name: _InterleavedWorker(job, workdir, tags[name]) for name, job in jobs.items()}
+    live = [name for name, worker in workers.items() if worker.reply(timeout) is not None]
+    num_prompts = len(next(iter(jobs.values()))["prompt_ids"]) if jobs else 0
+    for index in range(num_prompts):
+        shift = (rotation + index) % max(len(live), 1)
+        for name in live[shift:] + live[:shift]:
+            worker = workers[name]
+            if not worker.send({"prompt": index}) or worker.reply(timeout) is None:
+                live.remove(name)
+            time.sleep(_INTERLEAVE_PAUSE_S)
+    return {name: worker.finish(timeout) for name, worker in workers.items()}
 
 
 def round_order(names: list[str], repeats: int) -> list[tuple[int, str]]:
@@ -394,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         "methods": methods, "skipped_prompts_too_long": skipped,
         "environment": bench_common.environment(args.dtype), "notes": [], "results": [],
         "repeats": args.repeats, "reference": args.reference,
+        "interleaved": bool(args.interleave),
     }
     unavailable: dict[str, str] = {}
     for name, spec in methods.items():
@@ -401,30 +491,44 @@ def main(argv: list[str] | None = None) -> int:
         if pkg and importlib.util.find_spec(pkg) is None:
             unavailable[name] = f"python package '{pkg}' is not installed"
 
+    def job_for(name: str, batch: int) -> dict:
+        n = max(args.num_prompts, batch)
+        kv = args.kv_cache_gib * 2**30 if args.kv_cache_gib else \
+            kv_cache_bytes(prompt_ids[:n], batch, args, per_token)
+        return {"model": model, "speculative_config": methods[name], "dtype": args.dtype,
+                "max_model_len": args.max_model_len, "kv_cache_bytes": int(kv),
+                "attention_backend": args.attention_backend,
+                "batch_size": batch, "max_tokens": args.max_tokens,
+                "temperature": args.temperature, "prompt_ids": prompt_ids[:n],
+                "categories": [p.category for p in prompts[:n]],
+                "warmup_prompt_ids": warm_ids}
+
+    def tag_for(name: str, batch: int, round_: int) -> str:
+        return f"{name}-b{batch}" + (f"-r{round_}" if args.repeats > 1 else "")
+
     configs = [(b, k, n) for b in args.batch_sizes
                for k, n in round_order(list(methods), args.repeats)]
     bar = tqdm(configs, desc="configs", unit="cfg", file=sys.stderr)
+    interleaved: dict[tuple[int, int], dict[str, dict]] = {}  # (batch, round) -> results
     for batch, round_, name in bar:
         bar.set_postfix_str(f"{name} b={batch} round {round_}")
-        n = max(args.num_prompts, batch)
         row: dict[str, Any] = {"method": name, "batch_size": batch, "round": round_,
                                "speculative_config": methods[name]}
         if name in unavailable:
             row.update(status="unavailable", reason=unavailable[name])
+        elif args.interleave and batch == 1:
+            if (batch, round_) not in interleaved:  # the round's first method: run them all
+                names = [n for b, k, n in configs if (b, k) == (batch, round_)
+                         and n not in unavailable]
+                interleaved[batch, round_] = run_interleaved(
+                    {n: job_for(n, batch) for n in names}, logs,
+                    {n: tag_for(n, batch, round_) for n in names}, args.timeout, round_)
+            row.update(interleaved[batch, round_][name])
         else:
-            kv = args.kv_cache_gib * 2**30 if args.kv_cache_gib else \
-                kv_cache_bytes(prompt_ids[:n], batch, args, per_token)
-            job = {"model": model, "speculative_config": methods[name], "dtype": args.dtype,
-                   "max_model_len": args.max_model_len, "kv_cache_bytes": int(kv),
-                   "attention_backend": args.attention_backend,
-                   "batch_size": batch, "max_tokens": args.max_tokens,
-                   "temperature": args.temperature, "prompt_ids": prompt_ids[:n],
-                   "categories": [p.category for p in prompts[:n]],
-                   "warmup_prompt_ids": warm_ids}
-            tag = f"{name}-b{batch}" + (f"-r{round_}" if args.repeats > 1 else "")
-            row.update(run_config(job, logs, tag, args.timeout))
-            if row["status"] == "unavailable":  # same config at every batch size
-                unavailable[name] = row["reason"]
+            row.update(run_config(job_for(name, batch), logs, tag_for(name, batch, round_),
+                                  args.timeout))
+        if row["status"] == "unavailable":  # same config at every batch size
+            unavailable[name] = row["reason"]
         report["results"].append(row)
         bar.write(f"{name:>24} b={batch:<3} {row['status']:<11} "
                   + (f"{row['output_tokens_per_s']:.1f} tok/s, "

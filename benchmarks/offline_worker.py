@@ -7,6 +7,14 @@ The engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the parent
 before vLLM is imported) so that this process can drive ``llm_engine.step()``
 itself and wrap the drafter's ``propose`` to time it.
 
+With ``"interleaved": true`` in the job (offline.py ``--interleave``), the worker
+generates one prompt at a time on request instead of all at once: after its warm-up
+it writes ``{"ready": true}`` as a JSON line to the file descriptor ``reply_fd``, then
+reads commands from stdin, one JSON line each (``{"prompt": i}``: generate job
+prompt i, reply with its wall time; ``{"done": true}``: write RESULT.json and exit).
+The parent runs every method's worker of a round side by side this way, prompt by
+prompt, so that the machine's speed changes hit all methods alike.
+
 Tokens per target forward is counted method-agnostically: with DELTA outputs,
 every engine step tells which requests received new tokens; a request that
 received >= 1 token in a step had one target forward in it (its verification
@@ -128,10 +136,10 @@ def _build_llm(job: dict):
                disable_log_stats=False, **backend)
 
 
-def _generate_stepwise(llm, prompts: list[list[int]], params) -> dict:
+def _generate_stepwise(llm, prompts: list[list[int]], params, first_id: int = 0) -> dict:
     """Submit all prompts, drive the engine step by step, log who got tokens when."""
     engine = llm.llm_engine
-    ids = [f"bench-{i}" for i in range(len(prompts))]
+    ids = [f"bench-{first_id + i}" for i in range(len(prompts))]
     tokens: dict[str, list[int]] = {rid: [] for rid in ids}
     forwards: dict[str, int] = defaultdict(int)
     step_seconds = 0.0
@@ -152,6 +160,33 @@ def _generate_stepwise(llm, prompts: list[list[int]], params) -> dict:
     wall = time.perf_counter() - start
     return {"token_ids": [tokens[r] for r in ids], "forwards": [forwards[r] for r in ids],
             "wall_s": wall, "step_s": step_seconds, "engine_steps": steps}
+
+
+def _generate_on_request(llm, job: dict, params) -> dict:
+    """The interleaved protocol (module docstring): one prompt per command, each
+    run alone; the result sums the prompts' wall and step times."""
+    replies = os.fdopen(job["reply_fd"], "w", encoding="utf-8")
+
+    def reply(message: dict) -> None:
+        replies.write(json.dumps(message) + "\n")
+        replies.flush()
+
+    reply({"ready": True})
+    runs: dict[int, dict] = {}
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command.get("done"):
+            break
+        index = int(command["prompt"])
+        runs[index] = _generate_stepwise(llm, [job["prompt_ids"][index]], params, index)
+        reply({"prompt": index, "wall_s": runs[index]["wall_s"]})
+    ordered = [runs[i] for i in sorted(runs)]
+    if len(ordered) != len(job["prompt_ids"]):
+        raise RuntimeError(f"interleaved run generated {len(ordered)} of "
+                           f"{len(job['prompt_ids'])} prompts")
+    return {"token_ids": [r["token_ids"][0] for r in ordered],
+            "forwards": [r["forwards"][0] for r in ordered],
+            **{key: sum(r[key] for r in ordered) for key in ("wall_s", "step_s", "engine_steps")}}
 
 
 def run(job: dict) -> dict:
@@ -183,8 +218,9 @@ def run(job: dict) -> dict:
     plugin_before = _plugin_stats(llm)
     propose_before = llm.collective_rpc(_read_propose)[0] if drafter else None
 
-    gen = _generate_stepwise(llm, job["prompt_ids"],
-                             params(job["max_tokens"], RequestOutputKind.DELTA))
+    decode = params(job["max_tokens"], RequestOutputKind.DELTA)
+    gen = (_generate_on_request(llm, job, decode) if job.get("interleaved")
+           else _generate_stepwise(llm, job["prompt_ids"], decode))
 
     counters = _delta(_spec_counters(llm), counters_before)
     plugin_after = _plugin_stats(llm)

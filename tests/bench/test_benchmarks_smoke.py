@@ -42,6 +42,11 @@ def test_matrix_smoke(tmp_path: Path) -> None:
         assert target["against"] in {"none", "ngram"} and len(target["ratios"]) == 1
         assert target["met"] == (target["median"] >= target["minimum"])
     assert "| copy-edit | float32 | 1 |" in (tmp_path / "matrix.md").read_text()
+    # batch 1 runs the methods side by side, prompt by prompt, each its whole prompt set
+    offline_report = json.loads((tmp_path / "copy-edit-float32-b1" / "results.json").read_text())
+    assert offline_report["interleaved"] is True
+    assert all(r["status"] == "ok" and r["num_prompts"] == 2 and len(r["token_ids"]) == 2
+               for r in offline_report["results"])
 
 
 def test_shipped_prompt_sets_match_their_build() -> None:
