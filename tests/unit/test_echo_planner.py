@@ -132,7 +132,7 @@ def test_selection_becomes_a_chain_when_the_tree_does_not_pay(tree_cost, expecte
         planner.cost.add(n, 0.04 + 0.001 * n + tree_cost * r, r)
     # node 3 is a sibling of node 1 (both under the root): a real tree
     tree = _tree([-1, 0, 1, -1], [0.9, 0.8, 0.5, 0.4])
-    ((keep, filler),) = planner._shape([tree], [np.array([0, 1, 2, 3])], k_max=4,
+    (keep,) = planner._shape([tree], [np.array([0, 1, 2, 3])], k_max=4,
                                                per_request_cap=8, step_requests=1)
     assert keep.tolist() == expected
 
@@ -153,9 +153,9 @@ def test_chain_length_follows_a_non_monotone_cost_curve():
     # chain 0 -> 1 -> 2 (p = 0.05 each step given the parent) and a sibling 3 of node 0
     tree = _tree([-1, 0, 1, -1], [0.05, 0.5, 0.5, 0.04])
     assert model.time(4) < model.time(1) < model.time(2)
-    ((keep, filler),) = planner._shape([tree], [np.array([0, 3])], k_max=3,
+    (keep,) = planner._shape([tree], [np.array([0, 3])], k_max=3,
                                                per_request_cap=8, step_requests=1)
-    assert keep.tolist() == [0, 1, 2] and filler == 0  # N = 4: cheaper than N = 1 or the tree
+    assert keep.tolist() == [0, 1, 2]  # N = 4: cheaper than N = 1 or the tree
 
 
 @pytest.mark.parametrize("times,expected", [
@@ -177,47 +177,9 @@ def test_gate_truncation_holds_unless_the_longer_chain_is_free(times, expected):
     model.tree_cost = 0.009  # priced: no "chains only every other step"
     planner.cost = model
     tree = replace(_tree([-1, 0, 1], [0.05, 0.9, 0.9]), trunc_depth=1)  # gate cut at depth 1
-    ((keep, filler),) = planner._shape([tree], [np.array([0])], k_max=3,
+    (keep,) = planner._shape([tree], [np.array([0])], k_max=3,
                                                per_request_cap=8, step_requests=1)
     assert keep.tolist() == expected
-
-
-def test_chain_is_padded_with_filler_up_to_the_cheapest_step():
-    """Measured at batch 1 in fp32: 4 verified tokens cost less than 2. A request
-    whose only candidate is one node verifies it padded with 2 filler nodes; filler
-    is verified but never learned from."""
-    from vllm_echo.algos.echo.cost import CostModel
-    from vllm_echo.algos.echo.planner import _cheapest_at_or_above
-
-    assert _cheapest_at_or_above(np.array([3.0, 4.0, 2.0, 2.0, 5.0])).tolist() == [2, 2, 2, 3, 4]
-    planner = EchoPlanner(EchoSettings(method="echo"))
-    times = {1: 34.6, 2: 37.8, 3: 33.8, 4: 32.7, 5: 33.4}  # ms
-    model = CostModel(min_samples=8, min_distinct=3, refit_every=1, explore=0.0, shrink=0.0)
-    for n, ms in list(times.items()) * 4:
-        model.add(n, ms / 1e3, 0, n > 1)
-    model.tree_cost = 0.009
-    planner.cost = model
-    tree = _tree([-1], [0.3])
-    ((keep, filler),) = planner._shape([tree], [np.array([0])], k_max=4,
-                                               per_request_cap=8, step_requests=1)
-    assert keep.tolist() == [0] and filler == 2  # N = 1 + 1 + 2 = 4 tokens
-    # the cap bounds the padding: 2 drafts at most, N = 3 beats N = 2
-    ((keep, filler),) = planner._shape([tree], [np.array([0])], k_max=4,
-                                               per_request_cap=2, step_requests=1)
-    assert keep.tolist() == [0] and filler == 1
-    # so does the budget
-    ((keep, filler),) = planner._shape([tree], [np.array([0])], k_max=1,
-                                               per_request_cap=8, step_requests=1)
-    assert keep.tolist() == [0] and filler == 0
-
-    plan = Plan(np.array([9]), np.array([-1]), np.array([1]), np.array([2]),
-                np.array([True]), np.array([1]), np.r_[0.3, np.zeros(31)], 0).with_filler(2)
-    assert plan.token_ids.tolist() == [9, 9, 9] and plan.parents.tolist() == [-1, 0, 1]
-    assert plan.depths.tolist() == [1, 2, 3] and plan.learned.tolist() == [True, False, False]
-    # the filler's verdicts leave both priors as the real node alone would
-    planner.observe([(plan, [0, 1], 5)])  # the target happened to emit 9, 9, then 5
-    assert planner.prior._total.sum() == 1 and planner.prior._accepted.sum() == 1
-    assert planner.head_prior._total.sum() == 0
 
 
 def test_budget_prices_the_step_with_every_decoding_request():
@@ -409,18 +371,13 @@ def test_calibration_label_uncensors_a_cut_plan():
     keep = np.array([0, 2])
     plan = Plan(cand_tokens[keep], np.array([-1, 0]), np.array([1, 2]), np.zeros(2, int),
                 np.ones(2, bool), np.ones(2, int), np.r_[0.5, 0.4, 0.2, np.zeros(29)], 0,
-                0.0, 0, cand_tokens, cand_parents, keep)
+                0.0, cand_tokens, cand_parents, keep)
     # the target went on with the cut child 6: the whole forest reaches >= 2, deeper unknown
     assert plan.calibration_label([0], 6) == (2, 2)
     # the target's next token is no candidate child: the whole forest stops where the plan did
     assert plan.calibration_label([0], 9) == (1, MAX_DEPTH)
     assert plan.calibration_label([0, 1], 3) == (2, MAX_DEPTH)
     assert plan.calibration_label([], 4) == (0, MAX_DEPTH)
-    # a chain padded with filler: the accepted filler token is the target's next token
-    chain = Plan(np.array([5]), np.array([-1]), np.array([1]), np.zeros(1, int),
-                 np.ones(1, bool), np.ones(1, int), np.r_[0.5, 0.4, 0.2, np.zeros(29)], 0,
-                 0.0, 0, cand_tokens, cand_parents, np.array([0])).with_filler(2)
-    assert chain.calibration_label([0, 1], 0) == (1, MAX_DEPTH)  # filler 5: no child 5
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -17,7 +17,6 @@ SNAPSHOT = {
     "accepted_retrieval": 2, "accepted_logits": 0, "accepted_tree": 8,
     "failures": {"propose:ValueError": 3},
     "echo": {"k_max": 12, "budget_used_mean": 5.5, "budget_fill": 0.5, "draft_utilization": 0.25,
-             "filler": 4,
              "accepted_per_depth": [6, 2], "drafted_per_depth": [20, 16],
              "truncations_per_depth": [1, 0], "sweet_spots": [1, 3], "taus": [0.05, 0.1]},
 }
@@ -72,7 +71,6 @@ def test_published_snapshot_becomes_prometheus_series(tmp_path):
     assert got[series("vllm_echo:echo_accepted_tokens_total", depth="2")] == 2
     assert got[series("vllm_echo:echo_gate_threshold", depth="3")] == 0.1
     assert got[series("vllm_echo:echo_k_max")] == 12
-    assert got[series("vllm_echo:echo_filler_tokens_total")] == 4
 
     source.value = {**SNAPSHOT, "steps": 9}  # published again only when it changed
     deadline = time.monotonic() + 5

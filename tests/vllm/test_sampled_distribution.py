@@ -6,7 +6,7 @@ colours in random order, so each next colour has high entropy and a LogitSpec tr
 holds several likely colours as siblings. A request's first token comes from
 prefill, the next ones through verified drafts: recursive rejection over tree
 siblings against the processed target distribution (tree_runner._target_probs, the
-per-request RNG), or vLLM's rejection sampler for ECHO's chains and filler. The
+per-request RNG), or vLLM's rejection sampler for ECHO's chains. The
 cases: temperature 1.0, and temperature with top-k and top-p.
 
 The reference is what vLLM samples from without speculation: the processed logprobs

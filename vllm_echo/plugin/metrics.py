@@ -140,8 +140,6 @@ _ECHO_SCALARS = {
     "budget_fill": ("vllm_echo:echo_budget_fill", "gauge", "share of the budget ECHO used"),
     "draft_utilization": ("vllm_echo:echo_draft_utilization", "gauge",
                           "accepted / drafted tokens under ECHO"),
-    "filler": ("vllm_echo:echo_filler_tokens", "counter",
-               "drafted tokens that only padded a chain to a cheaper step size"),
 }
 _ECHO_PER_DEPTH = {
     "accepted_per_depth": ("vllm_echo:echo_accepted_tokens", "accepted draft tokens by depth"),

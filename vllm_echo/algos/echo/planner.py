@@ -26,7 +26,7 @@ The stages of :meth:`EchoPlanner.plan`:
 4. **Shape** (:meth:`EchoPlanner._shape`). Verifying a request as a tree rather than a
    chain has its own measured cost; each request keeps its selection only if it pays
    better than its best root path of any length within the budget, which vLLM
-   verifies natively, padded with filler where a longer step is cheaper.
+   verifies natively.
 
 When no draft can pay at all, :meth:`EchoPlanner.step_explore` says so before any
 forest is built, and probes now and then so that the rates can recover.
@@ -109,48 +109,23 @@ class Plan:
     confidence: np.ndarray  # c_d over the whole candidate forest (calibration input)
     truncated_at: int
     expected: float = 0.0  # accepted tokens the raw node scores expect
-    filler: int = 0  # trailing nodes that pad a chain (see EchoPlanner._shape)
-    # The candidate forest the plan was cut from and each kept node's index in it (the
-    # filler has none): they tell how deep the whole forest would have been accepted.
+    # The candidate forest the plan was cut from and each kept node's index in it:
+    # they tell how deep the whole forest would have been accepted.
     candidate_tokens: np.ndarray | None = None
     candidate_parents: np.ndarray | None = None
     keep: np.ndarray | None = None
-
-    def with_filler(self, count: int) -> "Plan":
-        """This plan, a non-empty chain, continued by ``count`` copies of its last token:
-        verified like any draft, learned from by nobody (see :attr:`learned`)."""
-        size = len(self.token_ids) + count
-
-        def extend(values: np.ndarray, fill) -> np.ndarray:
-            return np.concatenate([values, np.full(count, fill, values.dtype)])
-
-        return Plan(extend(self.token_ids, self.token_ids[-1]),
-                    np.arange(-1, size - 1).astype(self.parents.dtype),
-                    np.arange(1, size + 1), extend(self.match_len, 0),
-                    extend(self.retrieved, False), extend(self.head_bucket, 1),
-                    self.confidence, self.truncated_at, self.expected, count,
-                    self.candidate_tokens, self.candidate_parents, self.keep)
-
-    @property
-    def learned(self) -> np.ndarray:
-        """Nodes the acceptance priors learn from (all but the filler)."""
-        mask = np.ones(len(self.token_ids), dtype=bool)
-        mask[len(mask) - self.filler:] = False
-        return mask
 
     def calibration_label(self, path: list[int], next_token: int) -> tuple[int, int]:
         """``(reached, known)`` for the calibrator: the depth the accepted ``path`` reached
         in the candidate forest, and the deepest depth at which that label holds for
         the whole forest. The verified plan may have been cut by the gate or the budget
         just where the target went on: the target's token after the accepted path
-        (``next_token``, or the first accepted filler) is then a candidate child that
-        was not verified. The whole forest would have accepted that child, and how far
-        past it is unknown; otherwise it would have stopped where the plan did."""
-        reached = min(len(path), len(self.token_ids) - self.filler)
+        (``next_token``) is then a candidate child that was not verified. The whole
+        forest would have accepted that child, and how far past it is unknown;
+        otherwise it would have stopped where the plan did."""
+        reached = len(path)
         if self.keep is None:
             return reached, MAX_DEPTH
-        if len(path) > reached:  # the target went on into the filler
-            next_token = int(self.token_ids[path[reached]])
         end = int(self.keep[path[reached - 1]]) if reached else -1
         went_on = self.candidate_tokens[self.candidate_parents == end] == next_token
         return (reached + 1, reached + 1) if went_on.any() else (reached, MAX_DEPTH)
@@ -232,7 +207,7 @@ class EchoPlanner:
         result = schedule_budget(trees, k_max, per_request_cap=per_request_cap,
                                  shared_budget=self.settings.shared_budget)
         if probing:  # a probe is verified as chosen: it is there to learn
-            shaped = [(keep, 0) for keep in result.selected]
+            shaped = list(result.selected)
         else:
             shaped = self._shape(trees, result.selected, k_max, per_request_cap,
                                  step_requests)
@@ -243,10 +218,7 @@ class EchoPlanner:
                 drafts.append(_NO_DRAFT)
                 plans.append(None)
                 continue
-            keep, filler = next(shaped_iter)
-            plan = item.plan(np.asarray(keep, dtype=np.int64))
-            if filler:
-                plan = plan.with_filler(filler)
+            plan = item.plan(np.asarray(next(shaped_iter), dtype=np.int64))
             drafts.append((plan.token_ids.astype(np.int32), plan.parents.astype(np.int32)))
             plans.append(plan)
         return drafts, plans
@@ -330,28 +302,28 @@ class EchoPlanner:
 
     def _shape(self, trees: list[CandidateTree], selected: tuple[np.ndarray, ...],
                k_max: int, per_request_cap: int,
-               step_requests: int) -> list[tuple[np.ndarray, int]]:
+               step_requests: int) -> list[np.ndarray]:
         """Stage 4, shape: per request, keep its budget selection or replace it by one
         root path, whichever adds more expected tokens net of its price in step time
-        (at the step's expected tokens per second). Returns ``(nodes, filler count)``
-        per request.
+        (at the step's expected tokens per second). Returns the nodes per request.
 
         The path may be longer or shorter than the selection's own best path: a chain
         verifies natively, without the tree cost c, and the measured step time is not
         monotone in N (on this CPU some small N cost more than larger ones; see
-        CostModel), so the best chain length comes from the cost curve. For the same
-        reason a chain may be padded with filler nodes up to the length at which the
-        step is cheapest: they are priced as never accepted. Σ K_i <= k_max still holds
+        CostModel), so the best chain length comes from the cost curve. Chains are
+        not padded past their candidates to a cheaper-looking size: on the 2-core CPU
+        such filler verified as many tokens again as the candidates and made ECHO
+        slower, following noise in the fitted curve. Σ K_i <= k_max still holds
         (and each request's fixed share without a shared budget; a request with a
         fixed share always drafts if it can)."""
         if self.cost.coef is None or self.settings.k_max is not None:
-            return [(keep, 0) for keep in selected]  # warm-up, or a fixed budget: as chosen
+            return list(selected)  # warm-up, or a fixed budget: as chosen
         if self.cost.tree_cost is None:
             # Trees not yet priced: every other step verifies chains only, so that the
             # cost model sees steps with and without trees (else it never learns c).
             self._unpriced_tree_steps += 1
             if self._unpriced_tree_steps % 2:
-                return [(keep, 0) for keep in selected]
+                return list(selected)
         step = _StepShape.of(self.cost, trees, selected, step_requests, k_max)
         share = k_max // max(len(trees), 1)
         out = []
@@ -412,28 +384,22 @@ class EchoPlanner:
         """Verdicts of the previous step: ``(plan, accepted_path, next_token)`` each."""
         if not plans:
             return
-        drafted, accepted, truncated, filler = [], [], [], 0
+        drafted, accepted, truncated = [], [], []
         calibrated = self.calibrator.finalized
         for plan, path, next_token in plans:
-            learned = plan.learned
             self.prior.observe_tree(plan.parents, plan.depths, np.maximum(plan.match_len, 1),
-                                    plan.retrieved & learned, path, plan.token_ids,
-                                    next_token)
+                                    plan.retrieved, path, plan.token_ids, next_token)
             self.head_prior.observe_tree(plan.parents, np.minimum(plan.depths, 1),
-                                         plan.head_bucket, ~plan.retrieved & learned,
+                                         plan.head_bucket, ~plan.retrieved,
                                          path, plan.token_ids, next_token)
-            # The confidence and the expectation are the candidates': an accepted filler
-            # node reached no depth of theirs.
-            reached = min(len(path), len(plan.token_ids) - plan.filler)
             if not calibrated:
                 self.calibrator.observe(plan.confidence,
                                         *plan.calibration_label(path, next_token))
-            self.realized.observe(plan.expected, reached)
+            self.realized.observe(plan.expected, len(path))
             drafted.append(plan.depths)
             accepted.append(len(path))
             truncated.append(plan.truncated_at)
-            filler += plan.filler
-        self.stats.record_step(drafted, accepted, truncated, self.last_k_max, filler)
+        self.stats.record_step(drafted, accepted, truncated, self.last_k_max)
         if self.calibrator.ready:
             gate, self.calibration_report = self.calibrator.finalize()
             if gate.source == "calibrated":
@@ -460,7 +426,7 @@ class ScoredForest:
         tokens, parents = subtree(cand.token_ids, cand.parents, keep, check=False)
         return Plan(tokens, parents, tree.depths[keep], cand.match_len[keep],
                     cand.rank[keep] < 0, self.buckets[keep], self.confidence,
-                    self.truncated_at, float(np.exp(self.raw_scores[keep]).sum()), 0,
+                    self.truncated_at, float(np.exp(self.raw_scores[keep]).sum()),
                     cand.token_ids, cand.parents, keep)
 
 
@@ -491,24 +457,19 @@ class _StepShape:
                    k_max - (num_tokens - step_requests), rate, branched, expected)
 
     def choose(self, i: int, tree: CandidateTree, keep: np.ndarray, limit: int,
-               shared_budget: bool) -> tuple[np.ndarray, int]:
+               shared_budget: bool) -> np.ndarray:
         """Request ``i``'s best option: its selection as chosen, no draft, or a root
-        path of at most ``limit`` nodes padded to the cheapest step size; updates the
-        step for the requests after it."""
+        path of at most ``limit`` nodes; updates the step for the requests after it."""
         cost = self.cost
         branched = self.branched[i]
         rest_tokens, rest_trees = self.num_tokens - len(keep), self.num_trees - branched
         # Option "no draft" (end -1, length 0) first, then every root path.
         ends, path_sums, lengths = (np.concatenate([[none], column]) for none, column
                                     in zip((-1, 0.0, 0), _root_paths(tree, limit)))
-        # The step time of every chain length up to the limit, and for each, the
-        # padded length >= it at which the step is cheapest.
+        # The step time of every chain length up to the limit.
         sizes = np.arange(limit + 1)
-        size_times = cost.times(rest_tokens + sizes, rest_trees,
-                                drafted=(sizes > 0) | (rest_tokens > self.step_requests))
-        padded = _cheapest_at_or_above(size_times)
-        padded[0] = 0  # no draft is no draft: a filler-only chain never pays more
-        times = size_times[padded[lengths]]
+        times = cost.times(rest_tokens + sizes, rest_trees,
+                           drafted=(sizes > 0) | (rest_tokens > self.step_requests))[lengths]
         # The gate truncates to release budget; a path that makes the step no slower
         # than no draft at all releases nothing, so it may run past the truncation depth.
         allowed = (lengths <= tree.trunc_depth) | (times <= times[0])
@@ -521,12 +482,11 @@ class _StepShape:
             as_tree = self.expected[i] - self.rate * cost.time(
                 rest_tokens + len(keep), rest_trees + 1, drafted=True)
             if as_tree >= values[best]:
-                return keep, 0
-        size = int(padded[lengths[best]])
-        self.spare += len(keep) - size
-        self.num_tokens, self.num_trees = rest_tokens + size, rest_trees
+                return keep
         path = _path_to(tree.parents, int(ends[best])) if ends[best] >= 0 else keep[:0]
-        return path, size - len(path)
+        self.spare += len(keep) - len(path)
+        self.num_tokens, self.num_trees = rest_tokens + len(path), rest_trees
+        return path
 
 
 def _warmup_budget(num_requests: int, factor: int) -> int:
@@ -551,17 +511,6 @@ def _root_paths(tree: CandidateTree, max_len: int
             sums[j] += sums[parent]
     allowed = np.flatnonzero(tree.depths <= max_len)
     return allowed, sums[allowed], tree.depths[allowed]
-
-
-def _cheapest_at_or_above(times: np.ndarray) -> np.ndarray:
-    """For each index i, the index j >= i of the smallest ``times[j]`` (the first on a tie)."""
-    best = np.empty(len(times), dtype=np.int64)
-    j = len(times) - 1
-    for i in range(len(times) - 1, -1, -1):
-        if times[i] <= times[j]:
-            j = i
-        best[i] = j
-    return best
 
 
 def _path_to(parents: np.ndarray, node: int) -> np.ndarray:

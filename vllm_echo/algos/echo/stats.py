@@ -32,7 +32,6 @@ class EchoStepStats:
     budget_used_max: int = 0
     budget_capacity: int = 0  # sum of k_max over steps that gave one
     budget_used_with_capacity: int = 0
-    filler: int = 0  # drafted nodes that only pad a chain to a cheaper step size
     drafted_per_depth: Optional[np.ndarray] = field(default=None)
     accepted_per_depth: Optional[np.ndarray] = field(default=None)
     truncations_per_depth: Optional[np.ndarray] = field(default=None)
@@ -52,13 +51,12 @@ class EchoStepStats:
 
     def record_step(self, drafted_depths: Sequence, accepted_lengths: Sequence[int],
                     truncated_at: Optional[Sequence[int]] = None,
-                    k_max: Optional[int] = None, filler: int = 0) -> None:
+                    k_max: Optional[int] = None) -> None:
         """One verify step.
 
         Per request: the depths of its verified draft nodes, its accepted
         length (draft tokens, the bonus not counted), and the depth its gate
-        truncated at (0 = not truncated). ``k_max``: the step's budget;
-        ``filler``: how many of the drafted nodes were filler.
+        truncated at (0 = not truncated). ``k_max``: the step's budget.
         """
         if len(drafted_depths) != len(accepted_lengths):
             raise ValueError(f"{len(drafted_depths)} trees but "
@@ -90,7 +88,6 @@ class EchoStepStats:
             if int(depth) > 0:
                 self.truncations_per_depth[self._bucket(depth)] += 1
         self.steps += 1
-        self.filler += int(filler)
         self.requests += len(accepted_lengths)
         self.budget_used_max = max(self.budget_used_max, used)
         if k_max is not None:
@@ -115,7 +112,6 @@ class EchoStepStats:
             budget_capacity=self.budget_capacity + other.budget_capacity,
             budget_used_with_capacity=(self.budget_used_with_capacity
                                        + other.budget_used_with_capacity),
-            filler=self.filler + other.filler,
             drafted_per_depth=self.drafted_per_depth + other.drafted_per_depth,
             accepted_per_depth=self.accepted_per_depth + other.accepted_per_depth,
             truncations_per_depth=self.truncations_per_depth + other.truncations_per_depth,
@@ -140,7 +136,6 @@ class EchoStepStats:
             "steps": self.steps,
             "requests": self.requests,
             "drafted": self.drafted,
-            "filler": self.filler,
             "accepted": self.accepted,
             "draft_utilization": self.draft_utilization,
             "mean_accepted_length": ratio(self.accepted, self.requests),
