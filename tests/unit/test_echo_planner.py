@@ -394,23 +394,3 @@ def test_cost_model_is_not_tilted_by_bursts_of_slow_steps(seed):
         model.add(n, seconds, 0, n > 1)
     assert model.knee == 4
     assert model.coef[1] == pytest.approx(0.001, rel=0.05)
-
-
-@pytest.mark.parametrize("seed", range(8))
-def test_cost_model_prices_relative_costs_through_slow_stretches(seed):
-    # A shared machine also runs 1.5x slow for stretches of 64-160 steps, here while the
-    # planner happens to choose large steps. The budget needs the cost of a token
-    # relative to a plain step (slope / intercept): the fit divides each stretch out.
-    rng = np.random.default_rng(seed)
-    model, slow_left = CostModel(), 0
-    for _ in range(600):
-        if slow_left == 0 and rng.random() < 0.01:
-            slow_left = int(rng.integers(64, 160))
-        slow, slow_left = slow_left > 0, max(slow_left - 1, 0)
-        n = int(rng.choice([1, 5, 8, 12, 16] if slow else [1, 1, 1, 2, 4, 5, 5, 5, 6]))
-        seconds = (0.02 + 0.001 * max(n - 4, 0)) * (1 + rng.normal(0, 0.03))
-        seconds *= 1.5 if slow else 1.0
-        model.add(n, seconds, 0, n > 1)
-    a, b = model.coef
-    assert model.knee == 4
-    assert b / a == pytest.approx(0.001 / 0.02, rel=0.1)

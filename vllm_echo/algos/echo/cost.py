@@ -42,16 +42,6 @@ class CostModel:
     by its count, and the corrections are its median's residual: a burst of slow
     steps on a shared machine moves a median little and a mean a lot.
 
-    A shared machine also runs slow for *stretches*, longer than a burst, and those
-    hit whichever sizes the planner chose then: fitted as they come, a stretch with
-    large steps in it reads as a steep slope. The budget needs only relative costs
-    (tokens per second, compared between step sizes), so the fit is of each step's
-    time relative to the machine's speed of the moment: the window is cut into
-    blocks of ``speed_block`` consecutive steps, each block's speed is the median
-    ratio of its times to the previous fit's, and every time is divided by its
-    block's speed (relative to the median block's) before fitting. A block in
-    which one size ran alone then tells nothing of the slope, as it should.
-
     Samples live in a sliding window and are refitted every ``refit_every`` new
     ones: the knee is found as the planner explores larger N, and the model follows
     a changing load.
@@ -59,9 +49,9 @@ class CostModel:
 
     def __init__(self, min_samples: int = 8, min_distinct: int = 3, window: int = 512,
                  refit_every: int = 16, min_case_samples: int = 4, max_knots: int = 24,
-                 shrink: float = 4.0, explore: float = 1.0, speed_block: int = 16):
+                 shrink: float = 4.0, explore: float = 1.0):
         self.min_samples, self.min_distinct, self.shrink = min_samples, min_distinct, shrink
-        self.explore, self.speed_block = explore, speed_block
+        self.explore = explore
         self.window, self.refit_every = window, refit_every
         self.min_case_samples, self.max_knots = min_case_samples, max_knots
         self._n: list[int] = []
@@ -152,8 +142,6 @@ class CostModel:
     def _fit(self) -> None:
         self._since_fit = 0
         n, r, d, t = (np.asarray(x, float) for x in (self._n, self._r, self._d, self._t))
-        if self.coef is not None:
-            t = t / self._block_speeds(n, r, d, t)
         with_trees, with_drafts = self._both_cases(r), self._both_cases(d)
         # Steps of one kind (N, R, D) enter the fit as their median time, weighted by
         # their count: on a shared machine slow bursts hit a few steps at a time, and a
@@ -199,20 +187,6 @@ class CostModel:
         self.draft_cost = dc if with_drafts else None
         self.fits += 1
 
-    def _block_speeds(self, n: np.ndarray, r: np.ndarray, d: np.ndarray, t: np.ndarray
-                      ) -> np.ndarray:
-        """Per sample, its block's median ratio of measured to modelled time (the
-        current fit with its per-size corrections, without the exploration bonus),
-        relative to the median block's; blocks of ``speed_block`` steps, counted from
-        the newest."""
-        size = self._correction.size
-        correction = np.where(n < size, self._correction[np.minimum(n, size - 1).astype(int)], 0.0)
-        modelled = (self._hinge(n) + correction + (self.tree_cost or 0.0) * r
-                    + (self.draft_cost or 0.0) * d)
-        block = (n.size - 1 - np.arange(n.size)) // self.speed_block
-        speeds = _medians(t / np.maximum(modelled, 1e-6), block, np.bincount(block))
-        return (speeds / np.median(speeds))[block]
-
     def _hinge(self, n: np.ndarray) -> np.ndarray:
         a, b = self.coef
         return a + b * np.maximum(n - self.knee, 0.0)
@@ -228,11 +202,7 @@ def _group_medians(n: np.ndarray, r: np.ndarray, d: np.ndarray, t: np.ndarray
     rows = int(r.max()) + 1
     _, first, group, counts = np.unique((n * rows + r) * 2 + d, return_index=True,
                                            return_inverse=True, return_counts=True)
-    return n[first], r[first], d[first], _medians(t, group, counts), counts.astype(float)
-
-
-def _medians(values: np.ndarray, group: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Median of ``values`` per group (ids 0.. in ``group``, sizes in ``counts``)."""
-    ordered = values[np.lexsort((values, group))]  # by group, then by value
+    ordered = t[np.lexsort((t, group))]  # by group, then by time
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    return 0.5 * (ordered[starts + (counts - 1) // 2] + ordered[starts + counts // 2])
+    medians = 0.5 * (ordered[starts + (counts - 1) // 2] + ordered[starts + counts // 2])
+    return n[first], r[first], d[first], medians, counts.astype(float)
