@@ -25,8 +25,8 @@ cancels the machine's drift between rounds; the summary gives medians and ranges
 ``--interleave`` (batch 1): within a round, every method's engine is started at once
 and the prompts go to them one at a time, each prompt to every method in turn (the
 order rotated per prompt), so a method's wall time is the sum of its prompts' and a
-slow stretch of a shared machine costs every method alike. On a VM whose speed
-drifts by 10-25% within a minute, whole-run rounds of 30-50 s each cannot pair that.
+slow stretch of a shared machine costs every method alike, which whole-run rounds
+cannot pair when the machine's speed drifts within a round.
 
 Writes results.json, results.md and (with matplotlib) PNG plots into --out.
 """
