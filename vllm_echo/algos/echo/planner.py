@@ -310,10 +310,9 @@ class EchoPlanner:
         The path may be longer or shorter than the selection's own best path: a chain
         verifies natively, without the tree cost c, and the measured step time is not
         monotone in N (on this CPU some small N cost more than larger ones; see
-        CostModel), so the best chain length comes from the cost curve. Chains are
-        not padded past their candidates to a cheaper-looking size: on the 2-core CPU
-        such filler verified as many tokens again as the candidates and made ECHO
-        slower, following noise in the fitted curve. Σ K_i <= k_max still holds
+        CostModel), so the best chain length comes from the cost curve. A chain is
+        never padded past its candidates to a size the curve calls cheaper: that
+        dip is mostly the fit's noise, and padding followed it. Σ K_i <= k_max still holds
         (and each request's fixed share without a shared budget; a request with a
         fixed share always drafts if it can)."""
         if self.cost.coef is None or self.settings.k_max is not None:
