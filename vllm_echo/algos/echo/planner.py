@@ -311,8 +311,8 @@ class EchoPlanner:
         verifies natively, without the tree cost c, and the measured step time is not
         monotone in N (on this CPU some small N cost more than larger ones; see
         CostModel), so the best chain length comes from the cost curve. A chain is
-        never padded past its candidates to a size the curve calls cheaper: that
-        dip is mostly the fit's noise, and padding followed it. Σ K_i <= k_max still holds
+        never padded past its candidates to a size the curve calls cheaper: that dip
+        is mostly the fit's noise, and padding followed it. Σ K_i <= k_max still holds
         (and each request's fixed share without a shared budget; a request with a
         fixed share always drafts if it can)."""
         if self.cost.coef is None or self.settings.k_max is not None:
@@ -465,10 +465,9 @@ class _StepShape:
         # Option "no draft" (end -1, length 0) first, then every root path.
         ends, path_sums, lengths = (np.concatenate([[none], column]) for none, column
                                     in zip((-1, 0.0, 0), _root_paths(tree, limit)))
-        # The step time of every chain length up to the limit.
-        sizes = np.arange(limit + 1)
-        times = cost.times(rest_tokens + sizes, rest_trees,
-                           drafted=(sizes > 0) | (rest_tokens > self.step_requests))[lengths]
+        # The step time with each option's chain.
+        times = cost.times(rest_tokens + lengths, rest_trees,
+                           drafted=(lengths > 0) | (rest_tokens > self.step_requests))
         # The gate truncates to release budget; a path that makes the step no slower
         # than no draft at all releases nothing, so it may run past the truncation depth.
         allowed = (lengths <= tree.trunc_depth) | (times <= times[0])
