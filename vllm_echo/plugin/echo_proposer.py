@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_echo.algos.echo import budget, forest_scoring
+from vllm_echo.algos.echo import budget, cost, forest_scoring
 from vllm_echo.algos.echo.planner import Candidates, EchoPlanner, Plan
 from vllm_echo.algos.forest import build_forest_nodes
 from vllm_echo.plugin.tree_state import TreeDraft
@@ -43,6 +43,7 @@ class EchoProposer(LogitSpecProposer):
         super()._warm_up()
         forest_scoring.warm_up()
         budget.warm_up()
+        cost.warm_up()
 
     def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu):
         self._check_layout()
@@ -145,8 +146,8 @@ class EchoProposer(LogitSpecProposer):
             a, b = planner.cost.coef
             c = planner.cost.tree_cost
             logger.info("vllm-echo: decode step cost model T = %.4f s + %.6f s x tokens past "
-                        "%d + %s s x tree requests, plus per-size corrections (refitted as "
-                        "steps come); ECHO budget now follows it", a, b, planner.cost.knee,
+                        "%d + %s s x tree requests (refitted as steps come); ECHO budget "
+                        "now follows it", a, b, planner.cost.knee,
                         "unmeasured" if c is None else f"{c:.4f}")
         if self.stats.steps % _STATS_LOG_EVERY == 0:
             logger.info("vllm-echo: ECHO stats %s", self.echo_snapshot())
@@ -164,6 +165,7 @@ class EchoProposer(LogitSpecProposer):
             "cost_model": planner.cost.coef,
             "cost_knee": planner.cost.knee,
             "tree_cost": planner.cost.tree_cost,
+            "draft_cost": planner.cost.draft_cost,
         }
 
     def snapshot(self) -> dict[str, Any]:

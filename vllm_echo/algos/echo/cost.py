@@ -4,82 +4,82 @@
 ECHO sets the batch budget K_max "near the hardware saturation threshold": below it
 one target forward costs about the same whatever the number of verified tokens, above
 it the cost grows linearly (Eq. 2: T(K) ~ T_ar * (1 + gamma * [K - K_max]^+)).
-:class:`CostModel` fits that hinge to every decode step the planner observes, with a
-price for tree requests and per-size corrections (see there).
+:class:`CostModel` fits that hinge to the decode steps the planner observes, with a
+price for tree requests and for drafting at all.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
+
+# Pairs whose log time ratio is further than this many robust standard deviations from
+# the fit are left out of the refit (a step that the machine or the engine stalled).
+_OUTLIER_SDS = 3.0
+_GAUSS_NEWTON_STEPS = 12
 
 
 class CostModel:
     """Decode step time T vs verified tokens N, tree requests R and whether the step
-    has drafts at all (D), fitted online:
-    T = a + b max(0, N - knee) + c R + d D (Eq. 2's hinge, plus two fixed costs).
+    has drafts at all (D):
 
-    Why a hinge and not a line: on the 2-core CPU at batch 1, the first few extra
-    tokens cost little (4 drafts: 1.07x a plain step) and each one past that costs
-    about 3% of a step. The knee is the breakpoint with the least squared error
-    among the measured N; it needs samples past it.
-    ``c`` is what verifying a request as a tree rather than a chain adds (on CPU,
-    recomputing its rows' attention in every layer); ``d`` what a step pays as soon
-    as anything is drafted (vLLM's rejection sampler instead of the plain one, and
-    the drafting work). Each stays None until both of its cases were timed.
+        T = a (1 + beta max(0, N - knee) + gamma R + delta D)
 
-    The hinge is the shape; the measured curve has bumps it cannot express, and they
-    are large at small N on this CPU: at batch 1 in fp32 a step verifying N = 1 / 2 /
-    4 / 6 / 7 tokens took 34.6 / 37.8 / 32.7 / 32.0 / 35.9 ms (oneDNN's kernels for 2
-    rows are slower than for 4). So every N keeps the residual of its own samples
-    (by their medians, below), shrunk toward 0 by ``shrink`` pseudo-samples:
-    T(N) = hinge + that correction. A well-measured N is priced by its measurements,
-    a rarely seen one mostly by the hinge, minus an exploration bonus of ``explore``
-    residual standard deviations / sqrt(1 + its samples): the planner only measures
-    the sizes it chooses, so without the bonus a size the hinge overprices (4 tokens,
-    after 2 were slow) would never be tried, and never priced right.
+    (Eq. 2's hinge, plus two fixed costs). ``gamma`` is what verifying a request as a
+    tree rather than a chain adds (on CPU, recomputing its rows' attention in every
+    layer); ``delta`` what a step pays as soon as anything is drafted (vLLM's
+    rejection sampler instead of the plain one, and the drafting work). Each stays
+    unknown (None) until both of its cases were timed, and keeps its last fitted value
+    while the window holds one case only (ECHO at batch 1 may draft in every step for
+    thousands of steps; a price forgotten would have to be measured again at the cost
+    of steps without drafts).
 
-    Each kind of step (N, R, D) enters the fit as the median of its times, weighted
-    by its count, and the corrections are its median's residual: a burst of slow
-    steps on a shared machine moves a median little and a mean a lot.
+    **Fitted on the ratios of consecutive steps.** A shared machine runs slower or
+    faster in stretches of hundreds of steps, by 15-25%, and the planner chooses step
+    sizes in stretches too (a prompt that copies keeps the drafts long): fitted on
+    absolute times, the stretch's speed is taken for the cost of the sizes chosen in
+    it. Two adjacent steps run at the same speed, so log(t_i / t_{i-1}) =
+    log F(x_i) - log F(x_{i-1}) with F the bracket above, whatever that speed is; the
+    shape (knee, beta, gamma, delta) is fitted to those log ratios (Gauss-Newton, per
+    candidate knee; pairs a stall threw far off are dropped and the fit repeated),
+    and the level ``a`` is the median of t / F over the most recent steps. The budget
+    needs only ratios of step times, so only the shape decides anything.
 
-    Samples live in a sliding window and are refitted every ``refit_every`` new
-    ones: the knee is found as the planner explores larger N, and the model follows
-    a changing load.
+    The knee is the breakpoint with the least squared error among the measured N; it
+    needs samples past it. Samples live in a sliding window and are refitted every
+    ``refit_every`` new ones, and at once for a step larger than any fitted: the knee is
+    found as the planner explores larger N, and the model follows a changing load.
     """
 
     def __init__(self, min_samples: int = 8, min_distinct: int = 3, window: int = 512,
                  refit_every: int = 16, min_case_samples: int = 4, max_knots: int = 24,
-                 shrink: float = 4.0, explore: float = 1.0):
-        self.min_samples, self.min_distinct, self.shrink = min_samples, min_distinct, shrink
-        self.explore = explore
+                 level_window: int = 32):
+        self.min_samples, self.min_distinct = min_samples, min_distinct
         self.window, self.refit_every = window, refit_every
         self.min_case_samples, self.max_knots = min_case_samples, max_knots
+        self.level_window = level_window
         self._n: list[int] = []
         self._r: list[int] = []
         self._d: list[bool] = []
         self._t: list[float] = []
         self._since_fit = 0
-        self.coef: tuple[float, float] | None = None  # (a, b)
+        self.coef: tuple[float, float] | None = None  # (a, a beta)
         self.knee = 0
-        self.tree_cost: float | None = None  # c
-        self.draft_cost: float | None = None  # d
-        self._correction = np.zeros(1)  # per N (index), shrunk mean residual of the hinge
-        self._bonus = np.zeros(1)  # per N, exploration bonus (falls with its samples)
-        self._unseen_bonus = 0.0  # for N past the last measured one
-        # Per measured N: the hinge plus its correction, less its bonus (times() adds the
-        # tree and draft costs); computed once per fit, read several times a step.
-        self._known_times = np.zeros(1)
+        self.tree_cost: float | None = None  # a gamma
+        self.draft_cost: float | None = None  # a delta
+        self._gamma: float | None = None  # last fitted, relative to a
+        self._delta: float | None = None
         self.fits = 0
         self._fitted_max = 0  # largest step size in the samples of the current fit
 
     @classmethod
     def fixed(cls, a: float, b: float, knee: int = 0, tree_cost: float | None = None,
               draft_cost: float | None = None) -> "CostModel":
-        """A model with given coefficients that never refits (tests, simulations)."""
+        """A model T = a + b max(0, N - knee) + tree_cost R + draft_cost D that never
+        refits (tests, simulations)."""
         model = cls(min_samples=1 << 62)
         model.coef, model.knee = (float(a), float(b)), int(knee)
         model.tree_cost, model.draft_cost = tree_cost, draft_cost
-        model._tabulate()
         return model
 
     def add(self, num_tokens: int, seconds: float, num_trees: int = 0,
@@ -104,16 +104,17 @@ class CostModel:
     def times(self, num_tokens: np.ndarray, num_trees: int = 0,
               drafted: bool | np.ndarray = False) -> np.ndarray:
         """Modelled step time for each entry of ``num_tokens`` (needs a fit)."""
-        n = np.asarray(num_tokens, dtype=np.int64)
-        known = self._known_times
-        if n.size and n.max() < known.size:
-            base = known[n]
-        else:
-            base = np.where(n < known.size, known[np.minimum(n, known.size - 1)],
-                            self._hinge(n) - self._unseen_bonus)
-        return np.maximum(base + (self.tree_cost or 0.0) * num_trees
-                          + (self.draft_cost or 0.0) * np.asarray(drafted, dtype=np.float64),
-                          1e-6)
+        a, b = self.coef
+        n = np.asarray(num_tokens, dtype=np.float64)
+        return (a + b * np.maximum(n - self.knee, 0.0) + (self.tree_cost or 0.0) * num_trees
+                + (self.draft_cost or 0.0) * np.asarray(drafted, dtype=np.float64))
+
+    def time(self, num_tokens: int, num_trees: int = 0, drafted: bool = False) -> float:
+        """``times`` for one step, in plain floats (the planner asks this once per
+        request and step)."""
+        a, b = self.coef
+        return (a + b * max(num_tokens - self.knee, 0) + (self.tree_cost or 0.0) * num_trees
+                + (self.draft_cost or 0.0) * float(bool(drafted)))
 
     def trusted_size(self) -> int | None:
         """Largest step (verified tokens) the model may be asked to price: twice the
@@ -124,85 +125,144 @@ class CostModel:
         Doubling at most per step finds the knee in a few measured steps."""
         return 2 * self._fitted_max if self.fits else None
 
-    def time(self, num_tokens: int, num_trees: int = 0, drafted: bool = False) -> float:
-        """``times`` for one step, in plain floats (the same arithmetic, in the same
-        order; the planner asks this once per request and step)."""
-        n = int(num_tokens)
-        if n < self._known_times.size:
-            base = float(self._known_times[n])
-        else:
-            base = float(self._hinge(n)) - self._unseen_bonus
-        return max(base + (self.tree_cost or 0.0) * num_trees
-                   + (self.draft_cost or 0.0) * float(bool(drafted)), 1e-6)
-
     def _both_cases(self, values: np.ndarray) -> bool:
+        """Both cases timed often enough, and adjacent somewhere (a ratio sees them)."""
         nonzero = np.count_nonzero(values)
-        return min(nonzero, values.size - nonzero) >= self.min_case_samples
+        return (min(nonzero, values.size - nonzero) >= self.min_case_samples
+                and bool(np.any(values[1:] != values[:-1])))
 
     def _fit(self) -> None:
         self._since_fit = 0
-        n, r, d, t = (np.asarray(x, float) for x in (self._n, self._r, self._d, self._t))
+        n = np.asarray(self._n, dtype=np.float64)
+        r = np.asarray(self._r, dtype=np.float64)
+        d = np.asarray(self._d, dtype=np.float64)
+        t = np.asarray(self._t, dtype=np.float64)
         with_trees, with_drafts = self._both_cases(r), self._both_cases(d)
-        # Steps of one kind (N, R, D) enter the fit as their median time, weighted by
-        # their count: on a shared machine slow bursts hit a few steps at a time, and a
-        # least-squares line through them trades intercept for slope (a burst among
-        # the rarer large steps made every draft token look dearer).
-        gn, gr, gd, gt, weight = _group_medians(n, r, d, t)
-        group_extra = [col for col, keep in ((gr, with_trees), (gd, with_drafts)) if keep]
-        root_weight = np.sqrt(weight)
         knots = np.unique(n)[:-1]  # a knot needs samples past it to price them
         if knots.size > self.max_knots:
             knots = np.unique(np.quantile(knots, np.linspace(0, 1, self.max_knots)).round())
-        best = None
-        for knee in knots:
-            gx = np.maximum(gn - knee, 0.0)
-            columns = np.stack([np.ones_like(gn), gx] + group_extra, axis=1)
-            coef, *_ = np.linalg.lstsq(columns * root_weight[:, None], gt * root_weight,
-                                       rcond=None)
-            # Noise can tilt the fit; time never falls with more work, nor is negative.
-            b, *fixed = np.maximum(coef[1:], 0.0)
-            c = fixed.pop(0) if with_trees else 0.0
-            dc = fixed.pop(0) if with_drafts else 0.0
-            x = np.maximum(n - knee, 0.0)
-            a = max(float(np.median(t - b * x - c * r - dc * d)), 1e-6)
-            sse = float(np.sum(weight * (gt - a - b * gx - c * gr - dc * gd)**2))
-            if best is None or sse < best[0]:  # ties: the smaller knee (prices more)
-                best = (sse, int(knee), a, float(b), float(c), float(dc))
-        _, self.knee, a, b, c, dc = best
-        residual = t - a - b * np.maximum(n - self.knee, 0.0) - c * r - dc * d
-        group_residual = gt - a - b * np.maximum(gn - self.knee, 0.0) - c * gr - dc * gd
-        size = int(n.max()) + 1
-        sums = np.bincount(gn.astype(np.int64), weights=weight * group_residual,
-                           minlength=size)
-        counts = np.bincount(n.astype(np.int64), minlength=size)
-        self._correction = np.divide(sums, counts + self.shrink, out=np.zeros(size),
-                                     where=counts > 0)
-        spread = 1.4826 * float(np.median(np.abs(residual - np.median(residual))))  # robust sd
-        self._unseen_bonus = self.explore * spread
-        self._bonus = self._unseen_bonus / np.sqrt(1.0 + counts)
-        self.coef = (a, b)
-        self._tabulate()
+        # Fitted where both cases are in the window, else held at the last fitted price
+        # (0 before any: then the column does not matter).
+        free = np.array([True, with_trees, with_drafts])
+        start = np.array([0.0, self._gamma or 0.0, self._delta or 0.0])
+        knee, (beta, gamma, delta) = _fit_shape(n, r, d, np.log(t), knots, start, free)
+        if with_trees:
+            self._gamma = gamma
+        if with_drafts:
+            self._delta = delta
+        shape = 1.0 + beta * np.maximum(n - knee, 0.0) + gamma * r + delta * d
+        a = float(np.median((t / shape)[-self.level_window:]))
+        self.coef, self.knee = (a, a * beta), int(knee)
+        self.tree_cost = None if self._gamma is None else a * self._gamma
+        self.draft_cost = None if self._delta is None else a * self._delta
         self._fitted_max = int(n.max())
-        self.tree_cost = c if with_trees else None
-        self.draft_cost = dc if with_drafts else None
         self.fits += 1
 
-    def _hinge(self, n: np.ndarray) -> np.ndarray:
-        a, b = self.coef
-        return a + b * np.maximum(n - self.knee, 0.0)
 
-    def _tabulate(self) -> None:
-        self._known_times = (self._hinge(np.arange(self._correction.size))
-                             + (self._correction - self._bonus))
+@njit(cache=True)
+def _solve3(m, v):
+    """m x = v for a 3 x 3 symmetric positive (semi)definite m (Gaussian elimination;
+    numba's np.linalg.solve needs scipy)."""
+    a = m.copy()
+    x = v.copy()
+    for k in range(3):
+        for i in range(k + 1, 3):
+            factor = a[i, k] / a[k, k]
+            for j in range(k, 3):
+                a[i, j] -= factor * a[k, j]
+            x[i] -= factor * x[k]
+    for k in range(2, -1, -1):
+        for j in range(k + 1, 3):
+            x[k] -= a[k, j] * x[j]
+        x[k] /= a[k, k]
+    return x
 
 
-def _group_medians(n: np.ndarray, r: np.ndarray, d: np.ndarray, t: np.ndarray
-                   ) -> tuple[np.ndarray, ...]:
-    """Per distinct (n, r, d): n, r, d, the median of its t, and its sample count."""
-    rows = int(r.max()) + 1
-    _, first, group, counts = np.unique((n * rows + r) * 2 + d, return_index=True,
-                                           return_inverse=True, return_counts=True)
-    ordered = t[np.lexsort((t, group))]  # by group, then by time
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    medians = 0.5 * (ordered[starts + (counts - 1) // 2] + ordered[starts + counts // 2])
-    return n[first], r[first], d[first], medians, counts.astype(float)
+@njit(cache=True)
+def _gauss_newton(h, r, d, log_t, weight, start, free):
+    """(beta, gamma, delta) >= 0 minimising the weighted squared error of
+    log(t_i / t_{i-1}) against log(F_i / F_{i-1}), F = 1 + beta h + gamma r + delta d,
+    over consecutive samples (``weight[i]`` weighs the pair ending at i), from ``start``
+    and moving only the ``free`` ones; that error, and each pair's residual."""
+    theta = start.copy()
+    jtj = np.zeros((3, 3))
+    jte = np.zeros(3)
+    dj = np.zeros(3)
+    prev = np.zeros(3)
+    m = h.size
+    for _ in range(_GAUSS_NEWTON_STEPS):
+        jtj[:] = 0.0
+        jte[:] = 0.0
+        prev_f = 0.0
+        for i in range(m):
+            shape = 1.0 + theta[0] * h[i] + theta[1] * r[i] + theta[2] * d[i]
+            f = np.log(shape)
+            j0, j1, j2 = h[i] / shape, r[i] / shape, d[i] / shape
+            if i > 0 and weight[i] > 0:
+                err = log_t[i] - log_t[i - 1] - (f - prev_f)
+                dj[0], dj[1], dj[2] = j0 - prev[0], j1 - prev[1], j2 - prev[2]
+                for a in range(3):
+                    jte[a] += weight[i] * err * dj[a]
+                    for b in range(3):
+                        jtj[a, b] += weight[i] * dj[a] * dj[b]
+            prev_f = f
+            prev[0], prev[1], prev[2] = j0, j1, j2
+        for k in range(3):
+            if not free[k]:  # held: no step in its direction
+                jtj[k, :] = 0.0
+                jtj[:, k] = 0.0
+                jtj[k, k] = 1.0
+                jte[k] = 0.0
+            jtj[k, k] += 1e-12  # an unidentified direction (no such change) stays put
+        step = _solve3(jtj, jte)
+        moved = 0.0
+        for k in range(3):
+            new = max(theta[k] + step[k], 0.0)  # time never falls with more work
+            moved = max(moved, abs(new - theta[k]))
+            theta[k] = new
+        if moved < 1e-12:
+            break
+    sse = 0.0
+    prev_f = 0.0
+    errors = np.zeros(m)
+    for i in range(m):
+        f = np.log(1.0 + theta[0] * h[i] + theta[1] * r[i] + theta[2] * d[i])
+        if i > 0:
+            errors[i] = log_t[i] - log_t[i - 1] - (f - prev_f)
+            sse += weight[i] * errors[i] ** 2
+        prev_f = f
+    return theta, sse, errors
+
+
+@njit(cache=True)
+def _fit_knees(n, r, d, log_t, knots, weight, start, free):
+    best_sse, best_knee, best_theta = np.inf, 0.0, start.copy()
+    best_errors = np.zeros(n.size)
+    for knee in knots:  # ascending: ties keep the smaller knee (it prices more)
+        theta, sse, errors = _gauss_newton(np.maximum(n - knee, 0.0), r, d, log_t, weight,
+                                           start, free)
+        if sse < best_sse - 1e-15:
+            best_sse, best_knee, best_theta, best_errors = sse, knee, theta, errors
+    return best_knee, best_theta, best_errors
+
+
+def _fit_shape(n: np.ndarray, r: np.ndarray, d: np.ndarray, log_t: np.ndarray,
+               knots: np.ndarray, start: np.ndarray, free: np.ndarray
+               ) -> tuple[float, np.ndarray]:
+    """(knee, (beta, gamma, delta)) from the log time ratios of consecutive samples,
+    refitted once without the pairs far off the first fit."""
+    weight = np.ones(n.size)
+    knee, theta, errors = _fit_knees(n, r, d, log_t, knots, weight, start, free)
+    spread = 1.4826 * float(np.median(np.abs(errors[1:] - np.median(errors[1:]))))
+    far = np.abs(errors) > _OUTLIER_SDS * spread
+    if spread > 0 and far[1:].any():
+        weight[far] = 0.0
+        knee, theta, _ = _fit_knees(n, r, d, log_t, knots, weight, start, free)
+    return knee, theta
+
+
+def warm_up() -> None:
+    """Compile the fit (a decode step should not pay for it)."""
+    model = CostModel(min_samples=4, min_distinct=3)
+    for n, drafted in ((1, 0), (3, 1), (5, 1), (1, 0)):
+        model.add(n, 0.01 + 0.001 * n + 0.001 * drafted, 0, drafted)

@@ -70,6 +70,11 @@ _HEAD_P_EDGES = np.array([0.3, 0.1, 0.03, 0.01, 0.003])
 # PROBE_NODES nodes then (plan's explore): acceptance is learned from verdicts only.
 PROBE_EVERY = 16
 PROBE_NODES = 4
+# While the cost model cannot price drafting itself (too few timed steps without any
+# draft: at batch 1 ECHO drafts in nearly every step), every PLAIN_EVERY-th step drafts
+# nothing, so that it can. Priced as free, a draft of 1-4 tokens would always look worth
+# verifying, where on the CPU it costs 6-9% of a step.
+PLAIN_EVERY = 8
 # Retrieved-token rates are kept per depth up to this one (deeper depths share it).
 _PRIOR_DEPTHS = 16
 # A next-next head's rate before any verdict: LogitSpec's heads are the target's own
@@ -186,7 +191,7 @@ class EchoPlanner:
         step of 3 + k tokens (below this CPU's knee) is really one of 8 + k (past it).
 
         ``explore``: if the budget admits no node, verify up to this many anyway, one
-        per request, best scored first. Acceptance rates are learned only from
+        per request (a chain of them where fewer requests draft), best scored first. Acceptance rates are learned only from
         verified drafts, so without this a few unlucky early steps (rates pushed below
         break-even) would stop all drafting, and all learning, for good."""
         live = sum(1 for cand in batch if cand is not None and len(cand.token_ids))
@@ -201,8 +206,8 @@ class EchoPlanner:
             return [_NO_DRAFT] * len(batch), [None] * len(batch)
         k_max = self._k_max(trees, per_request_cap, step_requests)
         probing = k_max == 0 and explore > 0
-        if probing:
-            k_max, per_request_cap = min(explore, len(trees)), 1
+        if probing:  # one node per request, or one chain of them when few requests draft
+            k_max, per_request_cap = explore, max(1, explore // len(trees))
         self.last_k_max = k_max
         result = schedule_budget(trees, k_max, per_request_cap=per_request_cap,
                                  shared_budget=self.settings.shared_budget)
@@ -308,13 +313,10 @@ class EchoPlanner:
         (at the step's expected tokens per second). Returns the nodes per request.
 
         The path may be longer or shorter than the selection's own best path: a chain
-        verifies natively, without the tree cost c, and the measured step time is not
-        monotone in N (on this CPU some small N cost more than larger ones; see
-        CostModel), so the best chain length comes from the cost curve. A chain is
-        never padded past its candidates to a size the curve calls cheaper: that dip
-        is mostly the fit's noise, and padding followed it. Σ K_i <= k_max still holds
-        (and each request's fixed share without a shared budget; a request with a
-        fixed share always drafts if it can)."""
+        verifies natively, without the tree cost c, so the best chain length comes
+        from the cost curve. Σ K_i <= k_max still holds (and each request's fixed share
+        without a shared budget; a request with a fixed share always drafts if it
+        can)."""
         if self.cost.coef is None or self.settings.k_max is not None:
             return list(selected)  # warm-up, or a fixed budget: as chosen
         if self.cost.tree_cost is None:
@@ -334,12 +336,19 @@ class EchoPlanner:
 
     def step_explore(self, num_requests: int) -> int | None:
         """How this step drafts, asked once per step before any forest is built: None
-        when no draft can pay and it is not a probing step (draft nothing), else the
-        ``explore`` to pass to :meth:`plan` (PROBE_NODES when probing, 0 otherwise)."""
+        to draft nothing (no draft can pay and it is not a probing step, or a plain
+        step is timed to price drafting), else the ``explore`` to pass to :meth:`plan`
+        (PROBE_NODES when probing, 0 otherwise)."""
         step, self._probe_steps = self._probe_steps, self._probe_steps + 1
         if not self.nothing_can_pay(num_requests):
-            return 0
+            return None if self._pricing_drafts() and step % PLAIN_EVERY == 0 else 0
         return PROBE_NODES if step % PROBE_EVERY == 0 else None
+
+    def _pricing_drafts(self) -> bool:
+        """Whether plain steps are needed to price drafting (see PLAIN_EVERY)."""
+        cost = self.cost
+        return (cost.coef is not None and cost.draft_cost is None
+                and self.settings.k_max is None and self.settings.shared_budget)
 
     def nothing_can_pay(self, num_requests: int) -> bool:
         """True when, by the cost model, no candidate could be worth verifying this step:
