@@ -9,10 +9,17 @@ Contexts are synthetic token ids; prefix caching is off. Reported: the median wa
 time of an engine step once every request decodes, per (path, C, batch, context),
 and each path's ratio to the chain measured in the same round.
 
+``--chain-lengths K ...`` measures the chain alone instead: the step time at batch 1
+with K drafts (0: none), one engine, the lengths in an order rotated each round, each
+also as its ratio to the step without drafts of the same round (the curve that
+simulate.py prices batch-1 steps with).
+
 Usage::
 
     python benchmarks/tree_step_time.py [--capacities 8 16 32] [--batches 1 8]
         [--contexts 300 2000] [--dtype bfloat16] [--rounds 2] [--out FILE.json]
+    python benchmarks/tree_step_time.py --chain-lengths 0 1 2 3 4 5 6 8 10 12 16 \
+        --contexts 300 --dtype float32 --rounds 5
     python benchmarks/tree_step_time.py --smoke --out FILE.json   # CI: C=4, batch 1, 64 tokens
 
 Each (path, C) is one in-process engine; the rounds alternate the paths.
@@ -60,8 +67,11 @@ class FixedShapeProposer(LogitSpecProposer):
     """Drafts the same shape every step: a two-branch tree of capacity - 1 nodes, or
     (tree off) a chain of as many tokens."""
 
+    num_drafts: int | None = None  # set on the instance: chains of this length instead
+
     def _draft(self, req_id, state, candidates, max_len):
-        n = min(self.settings.capacity - 1, max_len)
+        n = min(self.settings.capacity - 1 if self.num_drafts is None else self.num_drafts,
+                max_len)
         tokens = np.full(n, DRAFT_TOKEN, dtype=np.int32)
         if self.tree_enabled:
             self.tree_context.trees[req_id] = TreeDraft(tokens, two_branches(n))
@@ -145,6 +155,37 @@ def run(capacities, batches, contexts, dtype, rounds) -> list[dict]:
     return rows
 
 
+def chain_curve(lengths: list[int], context: int, dtype: str, rounds: int) -> list[dict]:
+    """Batch-1 step time with chains of each length, one engine (see the module doc)."""
+    max_len = context + MEASURED_STEPS + 4 + 2 * max(lengths) + 16
+    llm = _engine(max(lengths) + 1, "chain", dtype, max_len, 1)
+    drafter = llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter
+    decode_step_time(llm, 1, 64, seed=999)  # warm up
+    rows = []
+    for r in range(rounds):
+        shift = r % len(lengths)
+        for k in lengths[shift:] + lengths[:shift]:
+            drafter.num_drafts = k
+            seconds = decode_step_time(llm, 1, context, seed=len(rows))
+            rows.append(dict(round=r, drafts=k, context=context, step_s=seconds))
+            print(f"round {r} chain of {k:2d}: {seconds * 1e3:.1f} ms", flush=True)
+    plain = {row["round"]: row["step_s"] for row in rows if row["drafts"] == 0}
+    for row in rows:
+        row["over_no_drafts"] = row["step_s"] / plain[row["round"]]
+    llm.llm_engine.engine_core.shutdown()
+    return rows
+
+
+def curve_summary(rows: list[dict]) -> list[dict]:
+    """Per length: median step time and median ratio to no drafts (same round)."""
+    out = []
+    for k in sorted({row["drafts"] for row in rows}):
+        mine = [row for row in rows if row["drafts"] == k]
+        out.append(dict(drafts=k, step_ms=1e3 * statistics.median(r["step_s"] for r in mine),
+                        over_no_drafts=statistics.median(r["over_no_drafts"] for r in mine)))
+    return out
+
+
 def summary(rows: list[dict]) -> list[dict]:
     """Per cell: median step time of each path and its median ratio to the chain of the
     same round."""
@@ -172,11 +213,27 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--chain-lengths", type=int, nargs="+", default=None,
+                    help="measure batch-1 chains of these lengths instead (0: no drafts)")
     ap.add_argument("--smoke", action="store_true",
-                    help="CI: capacity 4, batch 1, context 64, one round")
+                    help="CI: capacity 4 (or chains of 0 and 2), batch 1, context 64, one round")
     args = ap.parse_args(argv)
     if args.smoke:
         args.capacities, args.batches, args.contexts, args.rounds = [4], [1], [64], 1
+        if args.chain_lengths:
+            args.chain_lengths = [0, 2]
+    if args.chain_lengths:
+        if 0 not in args.chain_lengths:
+            ap.error("--chain-lengths must include 0 (ratios are to the step without drafts)")
+        rows = chain_curve(args.chain_lengths, args.contexts[0], args.dtype, args.rounds)
+        curve = curve_summary(rows)
+        print("\n| drafts | step ms | / no drafts |\n|---|---|---|")
+        for c in curve:
+            print(f"| {c['drafts']} | {c['step_ms']:.2f} | {c['over_no_drafts']:.3f} |")
+        if args.out:
+            write_json(args.out, {"environment": environment(args.dtype), "rows": rows,
+                                  "curve": curve})
+        return 0
     rows = run(args.capacities, args.batches, args.contexts, args.dtype, args.rounds)
     cells = summary(rows)
     print("\n| C | batch | context | chain ms | native ms | flex ms | native / chain | "

@@ -135,3 +135,11 @@ def test_tree_step_time_smoke(tmp_path: Path) -> None:
     (cell,) = report["cells"]
     assert {"chain_ms", "native_ms", "flex_ms", "native_over_chain", "flex_over_chain"} <= cell.keys()
     assert all(r["step_s"] > 0 for r in report["rows"])
+
+
+def test_chain_curve_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "curve.json"
+    run_smoke("tree_step_time.py", "--chain-lengths", "0", "2", "--out", str(out), timeout=600)
+    curve = json.loads(out.read_text())["curve"]
+    assert [c["drafts"] for c in curve] == [0, 2]
+    assert curve[0]["over_no_drafts"] == 1.0 and curve[1]["step_ms"] > 0
