@@ -18,8 +18,7 @@ from vllm_echo.plugin.proposer import worker_stats
 
 BATCH1_PROMPTS = 12
 BATCH1_MAX_TOKENS = 32
-SPECS = {
-    "logitspec-cap8": {"method": "logitspec", "capacity": 8},
+SPECS = {  # (small trees on flex, capacity 4: test_sampled_distribution.py)
     "logitspec-cap32": {"method": "logitspec", "capacity": 32},
     # a fixed budget keeps the trees the planner selects (left to its cost model, ECHO
     # verifies mostly chains on this CPU)

@@ -110,15 +110,14 @@ def expected(model_path, questions) -> dict:
         return battery(server, questions)
 
 
-# On CPU plain logitspec verifies chains; trees are what preemption must survive, on
-# the native CPU tree path and on FLEX_ATTENTION's (the GPU path's mask and compaction).
+# On CPU plain logitspec verifies chains; trees are what preemption must survive. (On
+# FLEX_ATTENTION's tree path, the GPU path's mask and compaction, preemption with trees
+# in flight is checked in the engine: test_flex_tree_attention.py.)
 @pytest.fixture(scope="module",
-                params=[{"method": "echo"}, {"method": "logitspec", "tree": True},
-                        {"method": "logitspec", "tree": True, "tree_attention": "flex"}],
-                ids=["echo", "logitspec", "logitspec-flex"])
+                params=[{"method": "echo"}, {"method": "logitspec", "tree": True}],
+                ids=["echo", "logitspec"])
 def served(request, model_path, questions):
-    """(method, "-flex" appended for FLEX_ATTENTION, battery answers, /metrics after
-    them, the live server)."""
+    """(method, battery answers, /metrics after them, the live server)."""
     with openai_server(model_path, request.param, *BLOCK_ARGS, max_model_len=MAX_MODEL_LEN,
                        kv_cache_bytes=SMALL_KV_BYTES) as server:
         got = battery(server, questions)
@@ -126,8 +125,7 @@ def served(request, model_path, questions):
         # so once idle at most this request's state may remain.
         chat(server, questions[0], 4)
         time.sleep(1.5)  # the worker publishes its statistics twice a second
-        flex = "-flex" if request.param.get("tree_attention") == "flex" else ""
-        yield request.param["method"] + flex, got, server.metrics(), server
+        yield request.param["method"], got, server.metrics(), server
 
 
 def test_reference_battery_is_meaningful(expected):
@@ -166,7 +164,7 @@ def test_small_cache_preempted_and_drafts_verified(served):
                    total("vllm:spec_decode_num_accepted_tokens_total"))
     assert ours > 0 and abs(ours - vllms) <= 0.05 * vllms, (ours, vllms)
     # ECHO's budget may rightly verify only chains under this load
-    if method.startswith("logitspec"):
+    if method == "logitspec":
         assert total("vllm_echo:tree_verifications_total") > 0, "logitspec verified no tree"
     assert total("vllm_echo:tracked_requests") <= 1, "finished requests still hold state"
     assert total("vllm_echo:failures_total") == 0
