@@ -432,3 +432,20 @@ def test_draft_price_is_kept_while_every_step_drafts():
     # held relative to the level a, which the new knee (2, not 1) moves a little
     assert model.draft_cost == pytest.approx(0.004, rel=0.05)
     assert model.time(13, drafted=True) == pytest.approx(0.05 + 0.013 + 0.004)
+
+
+def test_steps_after_a_gap_pair_with_nothing():
+    """A step timed after a prefill or idle time (cold caches, another engine's turn)
+    is not compared with the step before the gap: the slow first step after each gap,
+    here always a long draft, does not make long drafts look dear."""
+    rng = np.random.default_rng(0)
+    model = CostModel()
+    for i in range(600):
+        n = int(rng.choice([1, 2, 3, 4, 5, 9, 13]))
+        gap = i % 20 == 0
+        if gap:
+            n = 17  # the first step of a new request: long copy, slow caches
+        seconds = (0.04 + 0.001 * max(n - 5, 0)) * (1.5 if gap else 1.0)
+        model.add(n, seconds, 0, False, adjacent=not gap)
+    a, b = model.coef
+    assert b / a == pytest.approx(0.025, rel=0.05)

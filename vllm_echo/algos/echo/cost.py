@@ -41,12 +41,14 @@ class CostModel:
     it. Two adjacent steps run at the same speed, so log(t_i / t_{i-1}) =
     log F(x_i) - log F(x_{i-1}) with F the bracket above, whatever that speed is; the
     shape (knee, beta, gamma, delta) is fitted to those log ratios (Gauss-Newton, per
-    candidate knee; pairs a stall threw far off are dropped and the fit repeated),
+    candidate knee; pairs a stall threw far off are dropped and the fit repeated; a
+    step that does not directly follow its predecessor, ``adjacent=False`` after a
+    prefill or idle time, pairs with neither neighbour),
     and the level ``a`` is the median of t / F over the most recent steps. The budget
     needs only ratios of step times, so only the shape decides anything.
 
     The knee is the breakpoint with the least squared error among the measured N; it
-    needs samples past it. Samples live in a sliding window and are refitted every
+    needs ``min_case_samples`` samples past it. Samples live in a sliding window and are refitted every
     ``refit_every`` new ones, and at once for a step larger than any fitted: the knee is
     found as the planner explores larger N, and the model follows a changing load.
     """
@@ -62,6 +64,7 @@ class CostModel:
         self._r: list[int] = []
         self._d: list[bool] = []
         self._t: list[float] = []
+        self._adjacent: list[bool] = []  # the step directly follows the previous sample
         self._since_fit = 0
         self.coef: tuple[float, float] | None = None  # (a, a beta)
         self.knee = 0
@@ -83,15 +86,16 @@ class CostModel:
         return model
 
     def add(self, num_tokens: int, seconds: float, num_trees: int = 0,
-            drafted: bool = False) -> None:
+            drafted: bool = False, adjacent: bool = True) -> None:
         if num_tokens <= 0 or not seconds > 0:
             return
         self._n.append(num_tokens)
         self._r.append(num_trees)
         self._d.append(bool(drafted))
         self._t.append(seconds)
+        self._adjacent.append(bool(adjacent))
         if len(self._n) > self.window:
-            del self._n[0], self._r[0], self._d[0], self._t[0]
+            del self._n[0], self._r[0], self._d[0], self._t[0], self._adjacent[0]
         self._since_fit += 1
         # A step larger than any the fit saw is refitted at once: the budget grows
         # toward unmeasured sizes only as fast as they are priced (trusted_size).
@@ -138,14 +142,23 @@ class CostModel:
         d = np.asarray(self._d, dtype=np.float64)
         t = np.asarray(self._t, dtype=np.float64)
         with_trees, with_drafts = self._both_cases(r), self._both_cases(d)
-        knots = np.unique(n)[:-1]  # a knot needs samples past it to price them
+        sizes, counts = np.unique(n, return_counts=True)
+        past = counts[::-1].cumsum()[::-1] - counts  # samples larger than each size
+        knots = sizes[past >= self.min_case_samples]  # samples past a knot price it
+        if knots.size == 0:
+            knots = sizes[:1]
         if knots.size > self.max_knots:
             knots = np.unique(np.quantile(knots, np.linspace(0, 1, self.max_knots)).round())
         # Fitted where both cases are in the window, else held at the last fitted price
         # (0 before any: then the column does not matter).
         free = np.array([True, with_trees, with_drafts])
         start = np.array([0.0, self._gamma or 0.0, self._delta or 0.0])
-        knee, (beta, gamma, delta) = _fit_shape(n, r, d, np.log(t), knots, start, free)
+        # The pair ending at sample i counts if i and i - 1 both directly follow their
+        # predecessor: the first step after a gap compares with neither neighbour.
+        adjacent = np.asarray(self._adjacent, dtype=np.float64)
+        paired = adjacent * np.concatenate([[0.0], adjacent[:-1]])
+        knee, (beta, gamma, delta) = _fit_shape(n, r, d, np.log(t), knots, start, free,
+                                                paired)
         if with_trees:
             self._gamma = gamma
         if with_drafts:
@@ -247,13 +260,15 @@ def _fit_knees(n, r, d, log_t, knots, weight, start, free):
 
 
 def _fit_shape(n: np.ndarray, r: np.ndarray, d: np.ndarray, log_t: np.ndarray,
-               knots: np.ndarray, start: np.ndarray, free: np.ndarray
+               knots: np.ndarray, start: np.ndarray, free: np.ndarray, weight: np.ndarray
                ) -> tuple[float, np.ndarray]:
-    """(knee, (beta, gamma, delta)) from the log time ratios of consecutive samples,
-    refitted once without the pairs far off the first fit."""
-    weight = np.ones(n.size)
+    """(knee, (beta, gamma, delta)) from the log time ratios of consecutive samples
+    (``weight[i]``: the pair ending at sample i, 0 where it is no pair), refitted once
+    without the pairs far off the first fit."""
+    weight = weight.copy()
     knee, theta, errors = _fit_knees(n, r, d, log_t, knots, weight, start, free)
-    spread = 1.4826 * float(np.median(np.abs(errors[1:] - np.median(errors[1:]))))
+    used = errors[1:][weight[1:] > 0]
+    spread = 1.4826 * float(np.median(np.abs(used - np.median(used)))) if used.size else 0.0
     far = np.abs(errors) > _OUTLIER_SDS * spread
     if spread > 0 and far[1:].any():
         weight[far] = 0.0
