@@ -206,14 +206,12 @@ class Replay:
 
 # -- step cost ------------------------------------------------------------------------
 
-# Decode step time vs tokens verified at batch 1, relative to a plain step (fp32, this
-# CPU, vLLM 0.32): medians measured in the engine up to 17 tokens (34.6 ms for 1); 33
-# and 65 from an earlier standalone measurement. Not monotone: oneDNN is slower at 2 rows
-# than at 4.
-CPU_B1_COST = ((1, 2, 3, 4, 5, 6, 7, 9, 10, 14, 17, 33, 65),
-               (1.0, 1.093, 0.977, 0.945, 0.965, 0.925, 1.037, 1.188, 1.199, 1.376, 1.441,
-                2.0, 2.9))
-CPU_B1_STEP_MS = 34.6
+# Decode step time vs tokens verified at batch 1, relative to a step without drafts
+# (fp32, eager, context 300, this CPU, vLLM 0.32): `tree_step_time.py --chain-lengths`,
+# 5 rotated rounds, 2026-12-02; past 17 tokens the last segment's slope.
+CPU_B1_COST = ((1, 2, 3, 4, 5, 6, 7, 9, 11, 13, 17),
+               (1.0, 1.067, 1.084, 1.069, 1.116, 1.174, 1.260, 1.323, 1.391, 1.464, 1.595))
+CPU_B1_STEP_MS = 30.7
 # Batch >= 2, same machine and dtype, from the offline benchmark at batch 8 / 24 / 64
 # (commit a665ace, 64 tokens per request): a plain step took 69.8 / 169.6 / 381.9 ms
 # for 7.5 / 22.4 / 57.5 requests on average, i.e. ~34 ms + ~6.05 ms per request; the

@@ -43,14 +43,15 @@ class CostModel:
     shape (knee, beta, gamma, delta) is fitted to those log ratios (Gauss-Newton, per
     candidate knee; pairs a stall threw far off are dropped and the fit repeated; a
     step that does not directly follow its predecessor, ``adjacent=False`` after a
-    prefill or idle time, pairs with neither neighbour),
-    and the level ``a`` is the median of t / F over the most recent steps. The budget
-    needs only ratios of step times, so only the shape decides anything.
+    prefill or idle time, pairs with neither neighbour), and the level ``a`` is the
+    median of t / F over the most recent steps. The budget needs only ratios of step
+    times, so only the shape decides anything.
 
     The knee is the breakpoint with the least squared error among the measured N; it
-    needs ``min_case_samples`` samples past it. Samples live in a sliding window and are refitted every
-    ``refit_every`` new ones, and at once for a step larger than any fitted: the knee is
-    found as the planner explores larger N, and the model follows a changing load.
+    needs ``min_case_samples`` samples past it. Samples live in a sliding window and are
+    refitted every ``refit_every`` new ones, and at once for a step larger than any
+    fitted: the knee is found as the planner explores larger N, and the model follows a
+    changing load.
     """
 
     def __init__(self, min_samples: int = 8, min_distinct: int = 3, window: int = 512,
