@@ -207,7 +207,7 @@ class Replay:
 # -- step cost ------------------------------------------------------------------------
 
 # Decode step time vs tokens verified at batch 1, relative to a step without drafts
-# (fp32, eager, context 300, this CPU, vLLM 0.32): `tree_step_time.py --chain-lengths`,
+# (fp32, context 300, this CPU, vLLM 0.32): `tree_step_time.py --chain-lengths`,
 # 5 rotated rounds, 2026-12-02; past 17 tokens the last segment's slope.
 CPU_B1_COST = ((1, 2, 3, 4, 5, 6, 7, 9, 11, 13, 17),
                (1.0, 1.067, 1.084, 1.069, 1.116, 1.174, 1.260, 1.323, 1.391, 1.464, 1.595))
