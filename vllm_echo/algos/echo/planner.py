@@ -72,8 +72,8 @@ PROBE_EVERY = 16
 PROBE_NODES = 4
 # While the cost model cannot price drafting itself (too few timed steps without any
 # draft: at batch 1 ECHO drafts in nearly every step), every PLAIN_EVERY-th step drafts
-# nothing, so that it can. Priced as free, a draft of 1-4 tokens would always look worth
-# verifying, where on the CPU it costs 6-9% of a step.
+# nothing, so that it can. Priced as free, a draft of a few tokens would always look
+# worth verifying, where on the CPU any draft makes a step dearer.
 PLAIN_EVERY = 8
 # Retrieved-token rates are kept per depth up to this one (deeper depths share it).
 _PRIOR_DEPTHS = 16
@@ -191,9 +191,10 @@ class EchoPlanner:
         step of 3 + k tokens (below this CPU's knee) is really one of 8 + k (past it).
 
         ``explore``: if the budget admits no node, verify up to this many anyway, one
-        per request (a chain of them where fewer requests draft), best scored first. Acceptance rates are learned only from
-        verified drafts, so without this a few unlucky early steps (rates pushed below
-        break-even) would stop all drafting, and all learning, for good."""
+        per request (a chain of them where fewer requests draft), best scored first.
+        Acceptance rates are learned only from verified drafts, so without this a few
+        unlucky early steps (rates pushed below break-even) would stop all drafting, and
+        all learning, for good."""
         live = sum(1 for cand in batch if cand is not None and len(cand.token_ids))
         step_requests = max(len(batch) if num_requests is None else num_requests, live)
         # A request whose best first node cannot pay for itself gets no plan (no
