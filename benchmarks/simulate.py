@@ -454,10 +454,13 @@ def batch_table(results: list[dict], batch_sizes: list[int]) -> str:
 
 def _warm_up() -> None:
     """Compile the numba kernels before anything is timed."""
+    from vllm_echo.algos import echo
+
     fake = {"prompt_ids": [1, 2, 3, 1, 2], "output_ids": [3, 1, 2, 3],
             "topk_ids": [[3, 4]] * 4}
     for draft in methods().values():
         replay([fake], draft and PerRequest(draft))
+    echo.warm_up()
 
 
 def main(argv: list[str] | None = None) -> int:

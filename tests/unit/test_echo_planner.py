@@ -2,31 +2,11 @@
 import numpy as np
 import pytest
 
-from vllm_echo.algos.echo.planner import (Candidates, CostModel, EchoPlanner, Plan,
-                                          throughput_budget)
+from vllm_echo.algos.echo.planner import Candidates, CostModel, EchoPlanner, Plan
 from vllm_echo.algos.forest import build_forest_nodes
 from vllm_echo.algos.ngram_index import NgramIndex
 from vllm_echo.algos.tree import validate_parents
 from vllm_echo.config import EchoSettings
-
-
-def test_throughput_budget_known_answers():
-    probs = np.array([0.9, 0.8, 0.3, 0.05])
-    # free verification: take everything
-    assert throughput_budget(probs, 1, CostModel.fixed(a=1.0, b=0.0)) == 4
-    # a token costs as much as the fixed part: 1/2, 1.9/3, 2.7/4 (best), 3.0/5, 3.05/6
-    assert throughput_budget(probs, 1, CostModel.fixed(a=1.0, b=1.0)) == 2
-    # batch 64, T = 1 + 0.05 N: a draft pays off only if p > 0.05 * 64 / 4.2 = 0.76
-    assert throughput_budget(probs, 64, CostModel.fixed(a=1.0, b=0.05)) == 2
-    assert throughput_budget(np.array([0.5, 0.3, 0.1]), 64, CostModel.fixed(a=1.0, b=0.05)) == 0
-    assert throughput_budget(np.empty(0), 4, CostModel.fixed(a=1.0, b=0.1)) == 0
-    # below the knee tokens are free: with T = 1 + max(0, N - 4), the first 3 drafts
-    # (N = 2..4) cost nothing, the 4th (p = 0.05) would double the step
-    assert throughput_budget(probs, 1, CostModel.fixed(a=1.0, b=1.0, knee=4)) == 3
-    # a step with any draft pays d once: d = 0.5 is worth it for 2.05 expected tokens
-    # (3.05 / 1.5 > 1 / 1), d = 3 is not (3.05 / 4 < 1)
-    assert throughput_budget(probs, 1, CostModel.fixed(a=1.0, b=0.0, draft_cost=0.5)) == 4
-    assert throughput_budget(probs, 1, CostModel.fixed(a=1.0, b=0.0, draft_cost=3.0)) == 0
 
 
 def test_cost_model_fits_linear_time():
@@ -221,18 +201,19 @@ def test_budget_prices_candidates_at_the_realised_share_of_their_score():
     assert planner.nothing_can_pay(8) and not planner.heads_can_pay(8)
 
 
-def test_root_paths_and_chain_test():
-    from vllm_echo.algos.echo.planner import _is_chain, _path_to, _root_paths
+def test_path_and_chain_helpers():
+    from vllm_echo.algos.echo.budget import is_root_path, reindex_selection
+    from vllm_echo.algos.echo.planner import _path_to
 
     parents = np.array([-1, 0, -1, 2, 3])
-    tree = _tree(parents, [0.6, 0.5, 0.5, 0.4, 0.3])
-    ends, sums, lengths = _root_paths(tree, max_len=2)
-    # paths of at most 2 nodes: 0, 0->1, 2, 2->3; sums of p along them (p = product)
-    assert ends.tolist() == [0, 1, 2, 3] and lengths.tolist() == [1, 2, 1, 2]
-    assert sums == pytest.approx([0.6, 0.6 + 0.3, 0.5, 0.5 + 0.2])
     assert _path_to(parents, 4).tolist() == [2, 3, 4]
-    assert _is_chain(parents, np.array([2, 3, 4])) and not _is_chain(parents, np.arange(5))
-    assert not _is_chain(parents, np.array([0, 2]))
+    assert is_root_path(parents, np.array([2, 3, 4])) and not is_root_path(parents, np.arange(5))
+    assert not is_root_path(parents, np.array([0, 2])) and not is_root_path(parents, np.array([3]))
+    assert is_root_path(parents, np.array([], dtype=np.int64))
+    new_parents, chain = reindex_selection(parents, np.array([2, 3, 4]))
+    assert new_parents.tolist() == [-1, 0, 1] and chain
+    new_parents, chain = reindex_selection(parents, np.array([0, 1, 2]))
+    assert new_parents.tolist() == [-1, 0, -1] and not chain
 
 
 def _candidates(tokens, candidates, capacity=32):

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_echo.algos.echo import budget, cost, forest_scoring
+from vllm_echo.algos import echo
 from vllm_echo.algos.echo.planner import Candidates, EchoPlanner, Plan
 from vllm_echo.algos.forest import build_forest_nodes
 from vllm_echo.plugin.tree_state import TreeDraft
@@ -41,9 +41,7 @@ class EchoProposer(LogitSpecProposer):
 
     def _warm_up(self) -> None:
         super()._warm_up()
-        forest_scoring.warm_up()
-        budget.warm_up()
-        cost.warm_up()
+        echo.warm_up()
 
     def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu):
         self._check_layout()
@@ -89,8 +87,7 @@ class EchoProposer(LogitSpecProposer):
         out: list[list[int]] = []
         for i, ((tokens, parents), plan) in enumerate(zip(drafts, plans)):
             req_id = req_ids[i]
-            is_tree = tree_mode[i] and len(tokens) and not np.array_equal(
-                parents, np.arange(-1, len(parents) - 1))
+            is_tree = tree_mode[i] and plan is not None and not plan.is_chain
             if is_tree:
                 trees[req_id] = TreeDraft(tokens, parents)
             else:
@@ -121,7 +118,8 @@ class EchoProposer(LogitSpecProposer):
             if path is None:  # verified by vLLM as a chain: the first nodes, in order
                 source = "chain"
                 path = list(range(accepted))
-                if np.any(plan.parents[:accepted] != np.arange(-1, accepted - 1)):
+                if not plan.is_chain and np.any(
+                        plan.parents[:accepted] != np.arange(-1, accepted - 1)):
                     continue  # not a root path: nothing reliable to learn from
             if accepted:
                 self.stats.accepted[source] += accepted

@@ -9,12 +9,14 @@ Per step, for a batch of retrieval forests:
    :class:`Calibrator` has finalized), in one compiled pass
    (:mod:`vllm_echo.algos.echo.forest_scoring`; numpy references in tests/unit);
 2. :func:`schedule_budget` over :class:`CandidateTree` objects under K_max (chosen
-   by the planner from its :class:`~vllm_echo.algos.echo.cost.CostModel`), then
-   :func:`subtree` per request;
+   by the planner from its :class:`~vllm_echo.algos.echo.cost.CostModel`, as the
+   compiled choices of :mod:`~vllm_echo.algos.echo.pricing`), then each request's
+   selection re-indexed into its draft tree;
 3. after verification: :meth:`AcceptancePrior.observe_tree`,
    :meth:`Calibrator.observe` (warm-up), :meth:`EchoStepStats.record_step`.
 """
 
+from vllm_echo.algos.echo import budget, cost, forest_scoring, pricing, scores, stats
 from vllm_echo.algos.echo.budget import (BudgetResult, CandidateTree, schedule_budget,
                                          subtree)
 from vllm_echo.algos.echo.calibration import (DEFAULT_GATE, Calibrator, GateConfig,
@@ -33,5 +35,13 @@ __all__ = [
     "auc_mann_whitney",
     "schedule_budget",
     "subtree",
+    "warm_up",
     "youden_threshold",
 ]
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) every kernel a planning step runs, so that
+    no decode step pays for it."""
+    for module in (budget, cost, forest_scoring, pricing, scores, stats):
+        module.warm_up()

@@ -90,12 +90,10 @@ class CandidateTree:
         planner's, from the forest kernel): on a small tree the checks cost more
         than scheduling it, every step, for every request."""
         tree = object.__new__(cls)
-        for name, value in (("token_ids", token_ids),
-                            ("parents", parents.astype(np.int64, copy=False)),
-                            ("scores", scores.astype(np.float64, copy=False)),
-                            ("depths", depths.astype(np.int64, copy=False)),
-                            ("trunc_depth", int(trunc_depth)), ("confident", bool(confident))):
-            object.__setattr__(tree, name, value)
+        tree.__dict__.update(token_ids=token_ids, parents=parents.astype(np.int64, copy=False),
+                             scores=scores.astype(np.float64, copy=False),
+                             depths=depths.astype(np.int64, copy=False),
+                             trunc_depth=int(trunc_depth), confident=bool(confident))
         return tree
 
     @property
@@ -212,25 +210,64 @@ def _schedule_shared(trees: Sequence[CandidateTree], k_max: int, cap: float,
     if not trees:
         empty = np.zeros(0, dtype=np.int64)
         return BudgetResult((), empty, empty)
-    sizes = np.array([t.size for t in trees], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    if len(trees) == 1:  # batch 1: the tree's own arrays, no copies
+        (tree, ) = trees
+        offsets = np.array([0, tree.size], dtype=np.int64)
+        parents, scores, depths = tree.parents, tree.scores, tree.depths
+    else:
+        offsets = np.concatenate([[0], np.cumsum([t.size for t in trees])]).astype(np.int64)
+        parents = np.concatenate([t.parents for t in trees])
+        scores = np.concatenate([t.scores for t in trees])
+        depths = np.concatenate([t.depths for t in trees])
     selected, from_p1, from_p2 = _select(
-        offsets, np.concatenate([t.parents for t in trees]),
-        np.concatenate([t.scores for t in trees]), np.concatenate([t.depths for t in trees]),
+        offsets, parents, scores, depths,
         np.array([t.trunc_depth for t in trees], dtype=np.int64),
         np.array([t.confident for t in trees], dtype=np.bool_),
         -1 if core_width is None else int(core_width), int(k_max),
         _NO_CAP if cap == float("inf") else int(cap))
+    if len(trees) == 1:
+        return BudgetResult((np.flatnonzero(selected), ), from_p1, from_p2)
     return BudgetResult(tuple(np.flatnonzero(selected[lo:hi])
                               for lo, hi in zip(offsets[:-1], offsets[1:])),
                         from_p1, from_p2)
 
 
+@njit(cache=True)
+def reindex_selection(parents, selected):
+    """:func:`subtree`'s parents, unchecked and compiled, for a selection known to be
+    ascending and ancestor-closed (schedule_budget's, or a root path): the planner
+    re-indexes one per request and step. Also says whether it is one root path."""
+    new_index = np.empty(parents.size, np.int64)
+    out = np.empty(selected.size, parents.dtype)
+    is_chain = True
+    for i in range(selected.size):
+        new_index[selected[i]] = i
+        parent = parents[selected[i]]
+        out[i] = ROOT if parent == ROOT else new_index[parent]
+        is_chain = is_chain and out[i] == i - 1
+    return out, is_chain
+
+
+@njit(cache=True)
+def is_root_path(parents, selected):
+    """The ascending ``selected`` nodes form one root path: each is the previous one's
+    child (the first a root child). True for none."""
+    previous = ROOT
+    for node in selected:
+        if parents[node] != previous:
+            return False
+        previous = node
+    return True
+
+
 def warm_up() -> None:
-    """Compile the selection kernel (a decode step should not pay for it)."""
+    """Compile the selection and re-indexing kernels (a decode step should not pay for
+    them)."""
     tree = CandidateTree.trusted(np.array([5, 6]), np.array([-1, 0]), np.array([-0.1, -0.2]),
                                  np.array([1, 2]), 1, False)
     _schedule_shared([tree], 2, float("inf"), 1)
+    reindex_selection(np.array([-1, 0], np.int32), np.array([0, 1], np.int64))
+    is_root_path(tree.parents, np.array([0, 1], np.int64))
 
 
 def schedule_budget(trees: Sequence[CandidateTree], k_max: int,
@@ -264,27 +301,23 @@ def schedule_budget(trees: Sequence[CandidateTree], k_max: int,
                         np.concatenate([p.from_priority2 for p in parts]))
 
 
-def subtree(token_ids, parents, selected, check: bool = True
-            ) -> tuple[np.ndarray, np.ndarray]:
+def subtree(token_ids, parents, selected) -> tuple[np.ndarray, np.ndarray]:
     """Re-index an ancestor-closed node subset into a parent-first tree.
 
     ``selected`` holds distinct node indices (any order); the result keeps
     the original relative order, which is parent-first, and the input dtypes.
-    ``check=False`` skips validating the tree and the indices (for a selection
-    that schedule_budget made from a CandidateTree.trusted tree).
+    (The planner's own selections go through :func:`reindex_selection`.)
     """
-    if check:
-        validate_tree(token_ids, parents)
+    validate_tree(token_ids, parents)
     tokens = np.asarray(token_ids)
     par = np.asarray(parents)
     sel = np.asarray(selected, dtype=np.int64).ravel()
     n = par.size
     sel = np.sort(sel)
-    if check:
-        if sel.size and (sel[0] < 0 or sel[-1] >= n):
-            raise ValueError(f"selected indices must be in [0, {n})")
-        if sel.size > 1 and (np.diff(sel) == 0).any():
-            raise ValueError("selected indices must be distinct")
+    if sel.size and (sel[0] < 0 or sel[-1] >= n):
+        raise ValueError(f"selected indices must be in [0, {n})")
+    if sel.size > 1 and (np.diff(sel) == 0).any():
+        raise ValueError("selected indices must be distinct")
     new_index = np.full(n, -2, dtype=np.int64)
     new_index[sel] = np.arange(sel.size)
     old_par = par[sel].astype(np.int64)

@@ -121,6 +121,12 @@ class CostModel:
         return (a + b * max(num_tokens - self.knee, 0) + (self.tree_cost or 0.0) * num_trees
                 + (self.draft_cost or 0.0) * float(bool(drafted)))
 
+    def prices(self) -> tuple[float, float, float, float, float]:
+        """(a, b, knee, tree cost, draft cost) for the compiled choices of
+        vllm_echo.algos.echo.pricing (needs a fit; an unmeasured cost counts 0)."""
+        a, b = self.coef
+        return (a, b, float(self.knee), self.tree_cost or 0.0, self.draft_cost or 0.0)
+
     def trusted_size(self) -> int | None:
         """Largest step (verified tokens) the model may be asked to price: twice the
         largest its current fit saw (None for a fixed model). Past its data the fit is an

@@ -34,16 +34,19 @@ forest is built, and probes now and then so that the rates can recover.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from vllm_echo.algos.echo.budget import CandidateTree, schedule_budget, subtree
+from vllm_echo.algos.echo.budget import (CandidateTree, is_root_path, reindex_selection,
+                                         schedule_budget)
 from vllm_echo.algos.echo.calibration import Calibrator, GateConfig
 from vllm_echo.algos.echo.cost import CostModel
 from vllm_echo.algos.echo.forest_scoring import score_forest
 from vllm_echo.algos.echo.gate import gate_checks
+from vllm_echo.algos.echo.pricing import best_budget, best_root_path
 from vllm_echo.algos.echo.scores import AcceptancePrior, AcceptedOverExpected
 from vllm_echo.algos.echo.stats import EchoStepStats
 
@@ -119,6 +122,7 @@ class Plan:
     candidate_tokens: np.ndarray | None = None
     candidate_parents: np.ndarray | None = None
     keep: np.ndarray | None = None
+    is_chain: bool = True  # the nodes form one root path (vLLM verifies it natively)
 
     def calibration_label(self, path: list[int], next_token: int) -> tuple[int, int]:
         """``(reached, known)`` for the calibrator: the depth the accepted ``path`` reached
@@ -134,16 +138,6 @@ class Plan:
         end = int(self.keep[path[reached - 1]]) if reached else -1
         went_on = self.candidate_tokens[self.candidate_parents == end] == next_token
         return (reached + 1, reached + 1) if went_on.any() else (reached, MAX_DEPTH)
-
-
-def throughput_budget(probs: np.ndarray, num_requests: int, cost: CostModel) -> int:
-    """k maximising (B + sum of the k best p) / T(B + k); probs sorted descending."""
-    if probs.size == 0:
-        return 0
-    gains = num_requests + np.concatenate([[0.0], np.cumsum(probs)])
-    ks = np.arange(probs.size + 1)
-    times = cost.times(num_requests + ks, drafted=ks > 0)
-    return int(np.argmax(gains / times))
 
 
 @dataclass
@@ -225,7 +219,8 @@ class EchoPlanner:
                 plans.append(None)
                 continue
             plan = item.plan(np.asarray(next(shaped_iter), dtype=np.int64))
-            drafts.append((plan.token_ids.astype(np.int32), plan.parents.astype(np.int32)))
+            drafts.append((plan.token_ids.astype(np.int32, copy=False),
+                           plan.parents.astype(np.int32, copy=False)))
             plans.append(plan)
         return drafts, plans
 
@@ -239,7 +234,7 @@ class EchoPlanner:
         prior_table, head_table = self.prior.prob_table(), self.head_prior.prob_table()
         check_depths, check_taus = self._gate_checks(mode, batch)
         # The budget prices nodes at their score scaled to what recent plans realised.
-        log_ratio = float(np.log(self.realized.ratio))
+        log_ratio = math.log(self.realized.ratio)
         out: list[ScoredForest | None] = []
         for cand in batch:
             if cand is None or len(cand.token_ids) == 0:
@@ -252,7 +247,7 @@ class EchoPlanner:
                                             np.asarray(cand.head_logp, dtype=np.float64),
                                             prior_table, head_table, _HEAD_P_EDGES,
                                             _LOGP_FLOOR, MAX_DEPTH, check_depths, check_taus)
-            if floor > 0 and np.exp(best_root_logp + log_ratio) < floor:
+            if floor > 0 and math.exp(best_root_logp + log_ratio) < floor:
                 out.append(None)
                 continue
             tree = CandidateTree.trusted(cand.token_ids, parents, scores + log_ratio, depths,
@@ -290,8 +285,7 @@ class EchoPlanner:
             factor = _WARMUP_FACTORS[self._warmup_steps % len(_WARMUP_FACTORS)]
             self._warmup_steps += 1
             return _warmup_budget(step_requests, factor)
-        eligible = [np.exp(t.scores[t.depths <= t.trunc_depth]) for t in trees]
-        probs = np.sort(np.concatenate(eligible) if eligible else np.empty(0))[::-1]
+        probs = np.exp(np.concatenate([t.scores[t.depths <= t.trunc_depth] for t in trees]))
         most = per_request_cap * len(trees)
         trusted = self.cost.trusted_size()
         if trusted is not None:
@@ -303,8 +297,7 @@ class EchoPlanner:
             most = min(most, max(trusted - step_requests, floor))
         # Filler (probability 0) past the candidates: where the measured step is cheaper
         # with more tokens, the budget may exceed them (see _shape).
-        probs = np.concatenate([probs[:most], np.zeros(max(most - probs.size, 0))])
-        return throughput_budget(probs, step_requests, self.cost)
+        return int(best_budget(probs, most, step_requests, self.cost.prices()))
 
     def _shape(self, trees: list[CandidateTree], selected: tuple[np.ndarray, ...],
                k_max: int, per_request_cap: int,
@@ -362,13 +355,13 @@ class EchoPlanner:
         # depth-1 rate p bounds every node's acceptance probability, and k drafts add
         # at most k p tokens. They pay if (B + k p) / T(B + k) > B / T(B) for some k.
         # (p priced as plan() prices it: times the realised share.)
-        best = max(self.prior.prob_table()[0].max(), self.head_prior.prob_table()[0].max())
+        best = max(self.prior.best_first_rate(), self.head_prior.best_first_rate())
         return best * self.realized.ratio < self._break_even_probability(num_requests)
 
     def heads_can_pay(self, num_requests: int) -> bool:
         """Whether a next-next head (drafted from the last logits) may be worth verifying
         in a step of ``num_requests``: its best learned rate reaches the break-even."""
-        return (self.head_prior.prob_table()[0].max() * self.realized.ratio
+        return (self.head_prior.best_first_rate() * self.realized.ratio
                 >= self._break_even_probability(num_requests))
 
     def _break_even_probability(self, num_requests: int) -> float:
@@ -396,11 +389,12 @@ class EchoPlanner:
         drafted, accepted, truncated = [], [], []
         calibrated = self.calibrator.finalized
         for plan, path, next_token in plans:
-            self.prior.observe_tree(plan.parents, plan.depths, np.maximum(plan.match_len, 1),
-                                    plan.retrieved, path, plan.token_ids, next_token)
-            self.head_prior.observe_tree(plan.parents, np.minimum(plan.depths, 1),
-                                         plan.head_bucket, ~plan.retrieved,
-                                         path, plan.token_ids, next_token)
+            # (Heads are at depth 1, the head prior's only depth; their "match length"
+            # is their probability bucket.)
+            self.prior.observe_tree(plan.parents, plan.depths, plan.match_len, plan.retrieved,
+                                    path, plan.token_ids, next_token)
+            self.head_prior.observe_tree(plan.parents, plan.depths, plan.head_bucket,
+                                         ~plan.retrieved, path, plan.token_ids, next_token)
             if not calibrated:
                 self.calibrator.observe(plan.confidence,
                                         *plan.calibration_label(path, next_token))
@@ -432,11 +426,11 @@ class ScoredForest:
     def plan(self, keep: np.ndarray) -> Plan:
         """The plan verifying the candidate nodes ``keep`` (ascending)."""
         cand, tree = self.candidates, self.tree
-        tokens, parents = subtree(cand.token_ids, cand.parents, keep, check=False)
-        return Plan(tokens, parents, tree.depths[keep], cand.match_len[keep],
+        parents, is_chain = reindex_selection(cand.parents, keep)
+        return Plan(cand.token_ids[keep], parents, tree.depths[keep], cand.match_len[keep],
                     cand.rank[keep] < 0, self.buckets[keep], self.confidence,
                     self.truncated_at, float(np.exp(self.raw_scores[keep]).sum()),
-                    cand.token_ids, cand.parents, keep)
+                    cand.token_ids, cand.parents, keep, is_chain)
 
 
 @dataclass
@@ -453,17 +447,19 @@ class _StepShape:
     rate: float
     branched: list[bool]  # per request: its selection is a tree, not one root path
     expected: list[float]  # per request: the tokens its selection expects
+    prices: tuple[float, ...]  # CostModel.prices
 
     @classmethod
     def of(cls, cost: CostModel, trees: list[CandidateTree], selected: tuple[np.ndarray, ...],
            step_requests: int, k_max: int) -> "_StepShape":
         expected = [float(np.exp(t.scores[s]).sum()) for t, s in zip(trees, selected)]
-        branched = [not _is_chain(t.parents, s) for t, s in zip(trees, selected)]
+        branched = [not is_root_path(t.parents, s) for t, s in zip(trees, selected)]
         num_tokens = sum(len(s) for s in selected) + step_requests
         rate = (step_requests + sum(expected)) / cost.time(num_tokens, sum(branched),
                                                            drafted=True)
         return cls(cost, step_requests, num_tokens, sum(branched),
-                   k_max - (num_tokens - step_requests), rate, branched, expected)
+                   k_max - (num_tokens - step_requests), rate, branched, expected,
+                   cost.prices())
 
     def choose(self, i: int, tree: CandidateTree, keep: np.ndarray, limit: int,
                shared_budget: bool) -> np.ndarray:
@@ -471,27 +467,18 @@ class _StepShape:
         path of at most ``limit`` nodes; updates the step for the requests after it."""
         cost = self.cost
         branched = self.branched[i]
-        rest_tokens, rest_trees = self.num_tokens - len(keep), self.num_trees - branched
-        # Option "no draft" (end -1, length 0) first, then every root path.
-        ends, path_sums, lengths = (np.concatenate([[none], column]) for none, column
-                                    in zip((-1, 0.0, 0), _root_paths(tree, limit)))
-        # The step time with each option's chain.
-        times = cost.times(rest_tokens + lengths, rest_trees,
-                           drafted=(lengths > 0) | (rest_tokens > self.step_requests))
-        # The gate truncates to release budget; a path that makes the step no slower
-        # than no draft at all releases nothing, so it may run past the truncation depth.
-        allowed = (lengths <= tree.trunc_depth) | (times <= times[0])
-        if not shared_budget and allowed[1:].any():
-            allowed[0] = False  # fixed K: drafting is not the cost model's call
-        ends, lengths, times = ends[allowed], lengths[allowed], times[allowed]
-        values = path_sums[allowed] - self.rate * times
-        best = int(np.argmax(values))
+        rest_tokens, rest_trees = self.num_tokens - len(keep), self.num_trees - int(branched)
+        # Fixed K (no shared budget): drafting is not the cost model's call.
+        end, value = best_root_path(tree.parents, tree.scores, tree.depths, limit,
+                                    tree.trunc_depth, rest_tokens, rest_trees,
+                                    self.step_requests, self.rate, not shared_budget,
+                                    self.prices)
         if branched and cost.tree_cost is not None:
             as_tree = self.expected[i] - self.rate * cost.time(
                 rest_tokens + len(keep), rest_trees + 1, drafted=True)
-            if as_tree >= values[best]:
+            if as_tree >= value:
                 return keep
-        path = _path_to(tree.parents, int(ends[best])) if ends[best] >= 0 else keep[:0]
+        path = _path_to(tree.parents, end) if end >= 0 else keep[:0]
         self.spare += len(keep) - len(path)
         self.num_tokens, self.num_trees = rest_tokens + len(path), rest_trees
         return path
@@ -500,25 +487,6 @@ class _StepShape:
 def _warmup_budget(num_requests: int, factor: int) -> int:
     """Warm-up budget: B * factor / 8 nodes (rounded up), at least 2 * factor."""
     return max(2 * factor, -(-num_requests * factor // 8))
-
-
-def _is_chain(parents: np.ndarray, keep: np.ndarray) -> bool:
-    """The selected nodes (ascending) form one root path: each is the previous one's child."""
-    par = parents[keep]
-    return bool(par[0] == -1 and np.array_equal(par[1:], keep[:-1])) if len(keep) else True
-
-
-def _root_paths(tree: CandidateTree, max_len: int
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every root path of at most ``max_len`` nodes: (end node, sum of the acceptance
-    probabilities along it, length). The gate's truncation is the caller's to apply."""
-    p = np.exp(tree.scores)
-    sums = p.copy()
-    for j, parent in enumerate(tree.parents.tolist()):  # parent-first order
-        if parent >= 0:
-            sums[j] += sums[parent]
-    allowed = np.flatnonzero(tree.depths <= max_len)
-    return allowed, sums[allowed], tree.depths[allowed]
 
 
 def _path_to(parents: np.ndarray, node: int) -> np.ndarray:

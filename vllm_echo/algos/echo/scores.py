@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Sequence, Union
 
 import numpy as np
+from numba import njit
 
 from vllm_echo.algos.echo.forest_scoring import count_tree_observations
 
@@ -84,6 +85,7 @@ class AcceptancePrior:
         self._accepted = np.zeros((self.max_depth, self.max_ngram))
         self._total = np.zeros((self.max_depth, self.max_ngram))
         self._table: np.ndarray | None = None  # prob_table, until the next update
+        self._best_first = 0.0  # its best depth-1 rate
 
     @property
     def num_observations(self) -> float:
@@ -106,20 +108,19 @@ class AcceptancePrior:
         """Smoothed (with ``optimism``, depth 1 raised) acceptance probabilities, shape
         ``(max_depth, max_ngram)``.
 
-        Read-only: cached until the next update (it is read several times a step)."""
+        Read-only: cached until the next update (it is read several times a step, and
+        recomputed once a step, by a compiled loop)."""
         if self._table is None:
-            s = self.prior_strength
-            depth_rate = ((self._accepted.sum(axis=1) + s * self.prior_mean)
-                          / (self._total.sum(axis=1) + s))
-            table = (self._accepted + s * depth_rate[:, None]) / (self._total + s)
-            if self.optimism > 0:
-                first = table[0]
-                spread = np.sqrt(first * (1.0 - first) / (self._total[0] + s + 1.0))
-                # Kept below 1: log-probabilities stay finite and path scores fall.
-                table[0] = np.minimum(first + self.optimism * spread, 1.0 - 1e-6)
-            self._table = table
+            self._table = _smoothed_rates(self._accepted, self._total, self.prior_strength,
+                                          self.prior_mean, self.optimism)
             self._table.flags.writeable = False
+            self._best_first = float(self._table[0].max())
         return self._table
+
+    def best_first_rate(self) -> float:
+        """The best depth-1 rate of :meth:`prob_table`: no path of a tree scores above it."""
+        self.prob_table()
+        return self._best_first
 
     def prob(self, depth: ArrayLike, match_len: ArrayLike) -> np.ndarray:
         """Smoothed acceptance probability per (depth, match length); broadcasts."""
@@ -169,6 +170,24 @@ class AcceptancePrior:
         return recorded
 
 
+@njit(cache=True)
+def _smoothed_rates(accepted, total, strength, prior_mean, optimism):
+    """AcceptancePrior's table: per depth the pooled rate, then per bucket a rate
+    smoothed toward it, depth 1 raised by ``optimism`` posterior SDs (below 1, so that
+    log-probabilities stay finite and path scores fall)."""
+    depths, lengths = total.shape
+    table = np.empty((depths, lengths))
+    for d in range(depths):
+        depth_rate = (accepted[d].sum() + strength * prior_mean) / (total[d].sum() + strength)
+        for m in range(lengths):
+            rate = (accepted[d, m] + strength * depth_rate) / (total[d, m] + strength)
+            if d == 0 and optimism > 0:
+                spread = np.sqrt(rate * (1.0 - rate) / (total[d, m] + strength + 1.0))
+                rate = min(rate + optimism * spread, 1.0 - 1e-6)
+            table[d, m] = rate
+    return table
+
+
 class AcceptedOverExpected:
     """Accepted draft tokens over the tokens the node scores expected, on recent plans.
 
@@ -197,3 +216,8 @@ class AcceptedOverExpected:
     def ratio(self) -> float:
         raw = (self.accepted + self.pseudo) / (self.expected + self.pseudo)
         return min(max(raw, self.bounds[0]), self.bounds[1])
+
+
+def warm_up() -> None:
+    """Compile the table kernel (a decode step should not pay for it)."""
+    AcceptancePrior(max_ngram=2, optimism=1.0).prob_table()

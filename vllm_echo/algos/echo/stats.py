@@ -13,10 +13,42 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import numpy as np
+from numba import njit
 
 
 def _zeros(n: int) -> np.ndarray:
     return np.zeros(n, dtype=np.int64)
+
+
+@njit(cache=True)
+def _count_step(drafted_per_depth, accepted_per_depth, truncations_per_depth, depths, sizes,
+                accepted, truncated_at):
+    """EchoStepStats.record_step's counting (compiled: the planner records every step).
+    ``depths``: every tree's node depths, one tree after another, ``sizes[r]`` each.
+    Returns (nodes, sum of the trees' depths)."""
+    max_depth = drafted_per_depth.size
+    start = 0
+    sum_deepest = 0
+    for r in range(sizes.size):
+        deepest = 0
+        for j in range(start, start + sizes[r]):
+            if depths[j] < 1:
+                raise ValueError("node depths must be >= 1")
+            deepest = max(deepest, depths[j])
+            drafted_per_depth[min(depths[j], max_depth) - 1] += 1
+        start += sizes[r]
+        if not 0 <= accepted[r] <= deepest:
+            raise ValueError("accepted length outside [0, the tree's depth]")
+        # The accepted path reached depths 1..accepted.
+        for d in range(min(accepted[r], max_depth)):
+            accepted_per_depth[d] += 1
+        accepted_per_depth[max_depth - 1] += max(accepted[r] - max_depth, 0)
+        sum_deepest += deepest
+        if truncated_at[r] < 0:
+            raise ValueError("truncation depth must be >= 0")
+        if truncated_at[r] > 0:
+            truncations_per_depth[min(truncated_at[r], max_depth) - 1] += 1
+    return start, sum_deepest
 
 
 @dataclass
@@ -46,9 +78,6 @@ class EchoStepStats:
                 raise ValueError(f"{name} must have shape ({self.max_depth},)")
             setattr(self, name, value.copy())
 
-    def _bucket(self, depth: int) -> int:
-        return min(int(depth), self.max_depth) - 1
-
     def record_step(self, drafted_depths: Sequence, accepted_lengths: Sequence[int],
                     truncated_at: Optional[Sequence[int]] = None,
                     k_max: Optional[int] = None) -> None:
@@ -64,29 +93,18 @@ class EchoStepStats:
         if truncated_at is not None and len(truncated_at) != len(accepted_lengths):
             raise ValueError(f"{len(truncated_at)} truncation depths for "
                              f"{len(accepted_lengths)} trees")
-        used = 0
-        for depths, acc in zip(drafted_depths, accepted_lengths):
-            d = np.asarray(depths, dtype=np.int64).ravel()
-            acc = int(acc)
-            if d.size and d.min() < 1:
-                raise ValueError("node depths must be >= 1")
-            deepest = int(d.max()) if d.size else 0
-            if not 0 <= acc <= deepest:
-                raise ValueError(f"accepted length {acc} outside [0, {deepest}]")
-            self.drafted_per_depth += np.bincount(np.minimum(d, self.max_depth) - 1,
-                                                  minlength=self.max_depth)
-            # The accepted path reached depths 1..acc.
-            self.accepted_per_depth[:min(acc, self.max_depth)] += 1
-            self.accepted_per_depth[-1] += max(acc - self.max_depth, 0)
-            self.drafted += d.size
-            self.accepted += acc
-            self.sum_tree_depth += deepest
-            used += d.size
-        for depth in truncated_at or ():
-            if int(depth) < 0:
-                raise ValueError(f"truncation depth must be >= 0, got {depth}")
-            if int(depth) > 0:
-                self.truncations_per_depth[self._bucket(depth)] += 1
+        sizes = [len(d) for d in drafted_depths]
+        depths = (np.concatenate(drafted_depths).astype(np.int64, copy=False)
+                  if sum(sizes) else _zeros(0))
+        truncated = (_zeros(len(sizes)) if truncated_at is None
+                     else np.asarray(truncated_at, dtype=np.int64))
+        used, sum_tree_depth = _count_step(
+            self.drafted_per_depth, self.accepted_per_depth, self.truncations_per_depth,
+            depths, np.array(sizes, dtype=np.int64),
+            np.asarray(accepted_lengths, dtype=np.int64), truncated)
+        self.drafted += used
+        self.accepted += int(sum(accepted_lengths))
+        self.sum_tree_depth += sum_tree_depth
         self.steps += 1
         self.requests += len(accepted_lengths)
         self.budget_used_max = max(self.budget_used_max, used)
@@ -148,3 +166,8 @@ class EchoStepStats:
             "budget_used_max": self.budget_used_max,
             "budget_fill": ratio(self.budget_used_with_capacity, self.budget_capacity),
         }
+
+
+def warm_up() -> None:
+    """Compile the counting kernel (a decode step should not pay for it)."""
+    EchoStepStats(max_depth=2).record_step([np.array([1, 2])], [1], [0])
