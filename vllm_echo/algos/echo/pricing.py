@@ -3,8 +3,9 @@
 
 Both run every step: :func:`best_budget` chooses the step's budget (stage 3 of
 :meth:`~vllm_echo.algos.echo.planner.EchoPlanner.plan`), :func:`best_root_path` one
-request's chain (stage 4). As numpy they were some 30 small calls a step, which
-cost more than the arithmetic once a forward has left the caches cold. ``prices``
+request's chain (stage 4). Compiled because in numpy each is a dozen small calls per
+step or request, and once a forward has left the caches cold such calls cost far more
+than their arithmetic. ``prices``
 is :meth:`CostModel.prices`: (a, b, knee, tree cost, draft cost), a step of N
 verified tokens, R tree requests and D (0 or 1) drafts costing
 a + b max(0, N - knee) + tree R + draft D.
