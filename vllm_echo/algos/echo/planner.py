@@ -295,8 +295,6 @@ class EchoPlanner:
             # the budget at 0 with nothing measured that could raise it.
             floor = _warmup_budget(step_requests, _WARMUP_FACTORS[-1])
             most = min(most, max(trusted - step_requests, floor))
-        # Filler (probability 0) past the candidates: where the measured step is cheaper
-        # with more tokens, the budget may exceed them (see _shape).
         return int(best_budget(probs, most, step_requests, self.cost.prices()))
 
     def _shape(self, trees: list[CandidateTree], selected: tuple[np.ndarray, ...],

@@ -25,15 +25,13 @@ def _step_time(prices, num_tokens, num_trees, drafted):
 
 @njit(cache=True)
 def best_budget(probs, most, num_requests, prices):
-    """The k in 0..``most`` maximising (B + sum of the k best ``probs``) / T(B + k), B =
-    ``num_requests``; past the candidates the budget counts filler of probability 0
-    (where a larger step is no dearer, the shape stage may use it). First best on ties."""
+    """The k in 0..min(``most``, candidates) maximising (B + sum of the k best ``probs``)
+    / T(B + k), B = ``num_requests``; the smallest on ties."""
     ordered = np.sort(probs)[::-1]
     best_k, best_rate = 0, num_requests / _step_time(prices, num_requests, 0, 0.0)
     total = 0.0
-    for k in range(1, most + 1):
-        if k <= ordered.size:
-            total += ordered[k - 1]
+    for k in range(1, min(most, ordered.size) + 1):
+        total += ordered[k - 1]
         rate = (num_requests + total) / _step_time(prices, num_requests + k, 0, 1.0)
         if rate > best_rate:
             best_k, best_rate = k, rate
