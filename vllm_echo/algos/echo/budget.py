@@ -210,12 +210,10 @@ def _schedule_shared(trees: Sequence[CandidateTree], k_max: int, cap: float,
     if not trees:
         empty = np.zeros(0, dtype=np.int64)
         return BudgetResult((), empty, empty)
+    offsets = np.concatenate([[0], np.cumsum([t.size for t in trees])]).astype(np.int64)
     if len(trees) == 1:  # batch 1: the tree's own arrays, no copies
-        (tree, ) = trees
-        offsets = np.array([0, tree.size], dtype=np.int64)
-        parents, scores, depths = tree.parents, tree.scores, tree.depths
+        parents, scores, depths = trees[0].parents, trees[0].scores, trees[0].depths
     else:
-        offsets = np.concatenate([[0], np.cumsum([t.size for t in trees])]).astype(np.int64)
         parents = np.concatenate([t.parents for t in trees])
         scores = np.concatenate([t.scores for t in trees])
         depths = np.concatenate([t.depths for t in trees])
@@ -225,8 +223,6 @@ def _schedule_shared(trees: Sequence[CandidateTree], k_max: int, cap: float,
         np.array([t.confident for t in trees], dtype=np.bool_),
         -1 if core_width is None else int(core_width), int(k_max),
         _NO_CAP if cap == float("inf") else int(cap))
-    if len(trees) == 1:
-        return BudgetResult((np.flatnonzero(selected), ), from_p1, from_p2)
     return BudgetResult(tuple(np.flatnonzero(selected[lo:hi])
                               for lo, hi in zip(offsets[:-1], offsets[1:])),
                         from_p1, from_p2)

@@ -106,17 +106,8 @@ class CostModel:
                 and len(set(self._n)) >= self.min_distinct):
             self._fit()
 
-    def times(self, num_tokens: np.ndarray, num_trees: int = 0,
-              drafted: bool | np.ndarray = False) -> np.ndarray:
-        """Modelled step time for each entry of ``num_tokens`` (needs a fit)."""
-        a, b = self.coef
-        n = np.asarray(num_tokens, dtype=np.float64)
-        return (a + b * np.maximum(n - self.knee, 0.0) + (self.tree_cost or 0.0) * num_trees
-                + (self.draft_cost or 0.0) * np.asarray(drafted, dtype=np.float64))
-
     def time(self, num_tokens: int, num_trees: int = 0, drafted: bool = False) -> float:
-        """``times`` for one step, in plain floats (the planner asks this once per
-        request and step)."""
+        """Modelled time of one step (needs a fit)."""
         a, b = self.coef
         return (a + b * max(num_tokens - self.knee, 0) + (self.tree_cost or 0.0) * num_trees
                 + (self.draft_cost or 0.0) * float(bool(drafted)))

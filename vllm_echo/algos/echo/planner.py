@@ -46,7 +46,8 @@ from vllm_echo.algos.echo.calibration import Calibrator, GateConfig
 from vllm_echo.algos.echo.cost import CostModel
 from vllm_echo.algos.echo.forest_scoring import score_forest
 from vllm_echo.algos.echo.gate import gate_checks
-from vllm_echo.algos.echo.pricing import best_budget, best_root_path
+from vllm_echo.algos.echo.pricing import (best_budget, best_root_path,
+                                          break_even_probability)
 from vllm_echo.algos.echo.scores import AcceptancePrior, AcceptedOverExpected
 from vllm_echo.algos.echo.stats import EchoStepStats
 
@@ -372,10 +373,8 @@ class EchoPlanner:
             return 0.0
         key = (self.cost.fits, num_requests)
         if self._break_even[0] != key:  # changes only when the model is refitted
-            plain = self.cost.time(num_requests)
-            ks = np.arange(1, _MAX_DRAFTS_PER_REQUEST * num_requests + 1)
-            extra = self.cost.times(num_requests + ks, drafted=True) / plain - 1.0
-            self._break_even = (key, float(np.min(num_requests * extra / ks)))
+            self._break_even = (key, break_even_probability(
+                self.cost.prices(), num_requests, _MAX_DRAFTS_PER_REQUEST * num_requests))
         return self._break_even[1]
 
     # -- feedback ----------------------------------------------------------------------

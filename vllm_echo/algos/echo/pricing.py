@@ -1,14 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 """The planner's choices priced by the step cost model, compiled.
 
-Both run every step: :func:`best_budget` chooses the step's budget (stage 3 of
-:meth:`~vllm_echo.algos.echo.planner.EchoPlanner.plan`), :func:`best_root_path` one
-request's chain (stage 4). Compiled because in numpy each is a dozen small calls per
-step or request, and once a forward has left the caches cold such calls cost far more
-than their arithmetic. ``prices``
-is :meth:`CostModel.prices`: (a, b, knee, tree cost, draft cost), a step of N
-verified tokens, R tree requests and D (0 or 1) drafts costing
-a + b max(0, N - knee) + tree R + draft D.
+:func:`best_budget` chooses the step's budget (stage 3 of
+:meth:`~vllm_echo.algos.echo.planner.EchoPlanner.plan`) and :func:`best_root_path` one
+request's chain (stage 4), every step; :func:`break_even_probability` gives the least
+acceptance rate a draft needs, once per refit. Compiled because in numpy each is a dozen
+small calls per step or request, and once a forward has left the caches cold such calls
+cost far more than their arithmetic. ``prices`` is :meth:`CostModel.prices`: (a, b,
+knee, tree cost, draft cost), a step of N verified tokens, R tree requests and D (0 or
+1) drafts costing a + b max(0, N - knee) + tree R + draft D.
 """
 
 from __future__ import annotations
@@ -72,9 +72,23 @@ def best_root_path(parents, scores, depths, max_len, trunc_depth, rest_tokens, r
     return best_end, best_value
 
 
+@njit(cache=True)
+def break_even_probability(prices, num_requests, max_drafts):
+    """min over k in 1..``max_drafts`` of B (T(B + k) / T(B) - 1) / k, B =
+    ``num_requests``: the acceptance probability a draft node needs, at the best draft
+    size, to pay for itself."""
+    plain = _step_time(prices, num_requests, 0, 0.0)
+    best = np.inf
+    for k in range(1, max_drafts + 1):
+        extra = _step_time(prices, num_requests + k, 0, 1.0) / plain - 1.0
+        best = min(best, num_requests * extra / k)
+    return best
+
+
 def warm_up() -> None:
-    """Compile both kernels (a decode step should not pay for it)."""
+    """Compile the kernels (a decode step should not pay for it)."""
     prices = (0.03, 0.001, 4.0, 0.01, 0.002)
+    break_even_probability(prices, 1, 64)
     best_budget(np.array([0.5, 0.2]), 3, 1, prices)
     best_root_path(np.array([-1, 0], np.int64), np.array([-0.5, -1.0]),
                    np.array([1, 2], np.int64), 2, 1, 1, 0, 1, 30.0, False, prices)
