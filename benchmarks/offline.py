@@ -473,7 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     count = max([args.num_prompts, *args.batch_sizes])
     prompts, prompt_ids, warm_ids, skipped = prepare_prompts(args, model, count)
     if len(prompts) < min(args.num_prompts, count):
-        print(f"note: only {len(prompts)} prompts fit max_model_len", file=sys.stderr)
+        print(f"note: {len(prompts)} prompts run, {count} asked: the dataset has no more "
+              "that fit max_model_len", file=sys.stderr)
 
     per_token = kv_bytes_per_token(model, args.dtype)
     report: dict[str, Any] = {
