@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from vllm_echo.algos.echo.pricing import step_time
+
 # Pairs whose log time ratio is further than this many robust standard deviations from
 # the fit are left out of the refit (a step that the machine or the engine stalled).
 _OUTLIER_SDS = 3.0
@@ -108,9 +110,8 @@ class CostModel:
 
     def time(self, num_tokens: int, num_trees: int = 0, drafted: bool = False) -> float:
         """Modelled time of one step (needs a fit)."""
-        a, b = self.coef
-        return (a + b * max(num_tokens - self.knee, 0) + (self.tree_cost or 0.0) * num_trees
-                + (self.draft_cost or 0.0) * float(bool(drafted)))
+        return step_time(self.prices(), float(num_tokens), float(num_trees),
+                         float(bool(drafted)))
 
     def prices(self) -> tuple[float, float, float, float, float]:
         """(a, b, knee, tree cost, draft cost) for the compiled choices of

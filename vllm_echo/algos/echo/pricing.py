@@ -18,7 +18,8 @@ from numba import njit
 
 
 @njit(cache=True)
-def _step_time(prices, num_tokens, num_trees, drafted):
+def step_time(prices, num_tokens, num_trees, drafted):
+    """The modelled time of a step (the one formula: :meth:`CostModel.time` calls it)."""
     a, b, knee, tree, draft = prices
     return a + b * max(num_tokens - knee, 0.0) + tree * num_trees + draft * drafted
 
@@ -28,11 +29,11 @@ def best_budget(probs, most, num_requests, prices):
     """The k in 0..min(``most``, candidates) maximising (B + sum of the k best ``probs``)
     / T(B + k), B = ``num_requests``; the smallest on ties."""
     ordered = np.sort(probs)[::-1]
-    best_k, best_rate = 0, num_requests / _step_time(prices, num_requests, 0, 0.0)
+    best_k, best_rate = 0, num_requests / step_time(prices, num_requests, 0, 0.0)
     total = 0.0
     for k in range(1, min(most, ordered.size) + 1):
         total += ordered[k - 1]
-        rate = (num_requests + total) / _step_time(prices, num_requests + k, 0, 1.0)
+        rate = (num_requests + total) / step_time(prices, num_requests + k, 0, 1.0)
         if rate > best_rate:
             best_k, best_rate = k, rate
     return best_k
@@ -52,7 +53,7 @@ def best_root_path(parents, scores, depths, max_len, trunc_depth, rest_tokens, r
     per request). Returns (end node, -1 for no draft; its value)."""
     n = parents.size
     path_sum = np.empty(n)
-    plain = _step_time(prices, rest_tokens, rest_trees,
+    plain = step_time(prices, rest_tokens, rest_trees,
                        1.0 if rest_tokens > step_requests else 0.0)
     best_end, best_value = -1, -rate * plain
     found = False
@@ -62,7 +63,7 @@ def best_root_path(parents, scores, depths, max_len, trunc_depth, rest_tokens, r
             path_sum[j] += path_sum[parents[j]]
         if depths[j] > max_len:
             continue
-        time = _step_time(prices, rest_tokens + depths[j], rest_trees, 1.0)
+        time = step_time(prices, rest_tokens + depths[j], rest_trees, 1.0)
         if depths[j] > trunc_depth and time > plain:
             continue
         value = path_sum[j] - rate * time
@@ -77,10 +78,10 @@ def break_even_probability(prices, num_requests, max_drafts):
     """min over k in 1..``max_drafts`` of B (T(B + k) / T(B) - 1) / k, B =
     ``num_requests``: the acceptance probability a draft node needs, at the best draft
     size, to pay for itself."""
-    plain = _step_time(prices, num_requests, 0, 0.0)
+    plain = step_time(prices, num_requests, 0, 0.0)
     best = np.inf
     for k in range(1, max_drafts + 1):
-        extra = _step_time(prices, num_requests + k, 0, 1.0) / plain - 1.0
+        extra = step_time(prices, num_requests + k, 0, 1.0) / plain - 1.0
         best = min(best, num_requests * extra / k)
     return best
 
@@ -88,6 +89,7 @@ def break_even_probability(prices, num_requests, max_drafts):
 def warm_up() -> None:
     """Compile the kernels (a decode step should not pay for it)."""
     prices = (0.03, 0.001, 4.0, 0.01, 0.002)
+    step_time(prices, 5.0, 1.0, 1.0)  # as CostModel.time calls it
     break_even_probability(prices, 1, 64)
     best_budget(np.array([0.5, 0.2]), 3, 1, prices)
     best_root_path(np.array([-1, 0], np.int64), np.array([-0.5, -1.0]),
