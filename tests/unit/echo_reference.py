@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Plain numpy references for ECHO's compiled scoring, gate, observation counting and
-budget selection.
+"""Plain numpy references for ECHO's compiled scoring, gate, observation counting,
+budget selection and shape.
 
-Production runs the compiled passes in vllm_echo.algos.echo.forest_scoring and
-vllm_echo.algos.echo.budget; these are the same equations written one step at a time
-(ECHO Eq. 5-7), with input checks, used as oracles by the unit tests.
+Production runs the compiled passes in vllm_echo.algos.echo.forest_scoring,
+vllm_echo.algos.echo.budget and vllm_echo.algos.echo.pricing; these are the same
+equations written one step at a time (ECHO Eq. 5-7), with input checks, used as oracles
+by the unit tests.
 """
 
 from __future__ import annotations
@@ -313,3 +314,70 @@ def schedule_shared(trees: Sequence[CandidateTree], k_max: int, cap: float,
     from_p2 = _fill(requests, everyone, "priority2", budget, cap)
     selected = tuple(np.flatnonzero(r.selected_rows[1:]) for r in requests)
     return BudgetResult(selected, from_p1, from_p2)
+
+
+def _step_time(prices, num_tokens: int, num_trees: int, drafted: bool) -> float:
+    a, b, knee, tree, draft = prices
+    return a + b * max(num_tokens - knee, 0.0) + tree * num_trees + draft * drafted
+
+
+def _is_root_path(parents: np.ndarray, selected: np.ndarray) -> bool:
+    return all(parents[node] == (selected[i - 1] if i else ROOT)
+               for i, node in enumerate(selected))
+
+
+def _best_root_path(tree: CandidateTree, max_len: int, rest_tokens: int, rest_trees: int,
+                    step_requests: int, rate: float, must_draft: bool, prices
+                    ) -> tuple[int, float]:
+    """No draft, or the root path to a node within ``max_len`` (past the gate's cut only
+    where the step is no slower than without a draft), by expected tokens net of
+    ``rate`` times the step's time."""
+    plain = _step_time(prices, rest_tokens, rest_trees, rest_tokens > step_requests)
+    options = [] if must_draft else [(-1, -rate * plain)]
+    for j in range(tree.size):
+        depth = int(tree.depths[j])
+        time = _step_time(prices, rest_tokens + depth, rest_trees, True)
+        if depth > max_len or (depth > tree.trunc_depth and time > plain):
+            continue
+        path, node = [], j
+        while node >= 0:
+            path.append(node)
+            node = int(tree.parents[node])
+        options.append((j, sum(np.exp(tree.scores[path[::-1]]).tolist()) - rate * time))
+    if not options:
+        return -1, -rate * plain
+    best = max(value for _, value in options)
+    return next(option for option in options if option[1] == best)
+
+
+def shape_selection(trees: Sequence[CandidateTree], selected: Sequence[np.ndarray],
+                    k_max: int, cap: int, shared: bool, trees_priced: bool,
+                    step_requests: int, prices) -> list[np.ndarray]:
+    """Stage 4, request by request: keep the selection, or the best root path within
+    the budget left (each request's equal share without a shared budget), whichever
+    adds more expected tokens net of its price at the step's expected rate."""
+    expected = [sum(np.exp(t.scores[s]).tolist()) for t, s in zip(trees, selected)]
+    branched = [not _is_root_path(t.parents, s) for t, s in zip(trees, selected)]
+    num_tokens = step_requests + sum(len(s) for s in selected)
+    num_trees = sum(branched)
+    rate = (step_requests + sum(expected)) / _step_time(prices, num_tokens, num_trees, True)
+    spare = k_max - (num_tokens - step_requests)
+    share = k_max // max(len(trees), 1)
+    out = []
+    for i, (tree, keep) in enumerate(zip(trees, selected)):
+        limit = min(len(keep) + spare if shared else share, cap)
+        rest_tokens, rest_trees = num_tokens - len(keep), num_trees - int(branched[i])
+        end, value = _best_root_path(tree, limit, rest_tokens, rest_trees, step_requests,
+                                     rate, not shared, prices)
+        if branched[i] and trees_priced and expected[i] - rate * _step_time(
+                prices, rest_tokens + len(keep), rest_trees + 1, True) >= value:
+            out.append(keep)
+            continue
+        path = []
+        while end >= 0:
+            path.append(end)
+            end = int(tree.parents[end])
+        out.append(np.array(path[::-1], dtype=np.int64))
+        spare += len(keep) - len(path)
+        num_tokens, num_trees = rest_tokens + len(path), rest_trees
+    return out

@@ -2,9 +2,11 @@
 import numpy as np
 import pytest
 
-from vllm_echo.algos.echo.budget import CandidateTree, schedule_budget, subtree
+from vllm_echo.algos.echo.budget import (CandidateTree, concatenate, schedule_budget,
+                                         split_selection, subtree)
+from vllm_echo.algos.echo.pricing import choose_nodes
 from vllm_echo.algos.echo.calibration import DEFAULT_GATE
-from echo_reference import path_scores, schedule_shared, truncation_depth
+from echo_reference import path_scores, schedule_shared, shape_selection, truncation_depth
 from vllm_echo.algos.tree import tree_depths, validate_tree
 
 
@@ -209,6 +211,50 @@ def test_compiled_selection_matches_the_heap_reference(seed):
     assert [s.tolist() for s in got.selected] == [s.tolist() for s in want.selected]
     np.testing.assert_array_equal(got.from_priority1, want.from_priority1)
     np.testing.assert_array_equal(got.from_priority2, want.from_priority2)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_one_call_budget_and_shape_match_the_references(seed):
+    """The planner's compiled stages 3 and 4 (choose_nodes), node for node: the share
+    is schedule_budget's (each request's equal share without a shared budget), the
+    shape the plain transcription's, on random forests and step prices."""
+    rng = np.random.default_rng(3000 + seed)
+    trees = [random_forest(rng, n_max=30) for _ in range(int(rng.integers(1, 7)))]
+    if all(t.size == 0 for t in trees):
+        return
+    k_max, cap = int(rng.integers(0, 60)), int(rng.integers(1, 15))
+    prices = (0.03, float(rng.choice([0.0, 0.001, 0.004])), float(rng.integers(0, 12)),
+              float(rng.choice([0.0, 0.002, 0.01])), float(rng.choice([0.0, 0.001])))
+    step_requests = len(trees) + int(rng.integers(0, 4))
+    for shared in (True, False):
+        want = schedule_budget(trees, k_max=k_max, per_request_cap=cap, shared_budget=shared)
+        for shape, priced in ((False, True), (True, True), (True, False)):
+            selected, used_k, probing = choose_nodes(*concatenate(trees), k_max, 0, cap, 0,
+                                                     shared, shape, priced, step_requests,
+                                                     prices)
+            assert used_k == k_max and not probing
+            expected = want.selected if not shape else shape_selection(
+                trees, want.selected, k_max, cap, shared, priced, step_requests, prices)
+            got = split_selection(selected, concatenate(trees)[0])
+            assert [g.tolist() for g in got] == [e.tolist() for e in expected]
+            assert sum(g.size for g in got) <= k_max
+
+
+def test_one_call_budget_chooses_by_the_cost_model_and_probes_when_nothing_pays():
+    """k_max < 0: the best_budget of the candidates the gate allows; none paying and
+    explore > 0: a probe of ``explore`` nodes, at most explore // trees each."""
+    trees = [candidate([-1, 0, 1], path_probs=[0.9, 0.8, 0.7]),
+             candidate([-1, 0], path_probs=[0.6, 0.5])]
+    batch = concatenate(trees)
+    free = (0.03, 0.0, 0.0, 0.0, 0.0)
+    _, k_max, probing = choose_nodes(*batch, -1, 4, 8, 0, True, False, True, 2, free)
+    assert (k_max, probing) == (4, False)  # free drafts: as many as allowed
+    dear = (0.03, 0.03, 2.0, 0.0, 0.0)  # every draft doubles the step
+    selected, k_max, probing = choose_nodes(*batch, -1, 4, 8, 0, True, False, True, 2, dear)
+    assert (k_max, probing, selected.sum()) == (0, False, 0)
+    selected, k_max, probing = choose_nodes(*batch, -1, 4, 8, 2, True, True, True, 2, dear)
+    assert (k_max, probing) == (2, True)
+    assert [s.tolist() for s in split_selection(selected, batch[0])] == [[0], [0]]
 
 
 def test_subtree_reindexes_parent_first():

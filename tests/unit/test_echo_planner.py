@@ -67,10 +67,10 @@ def test_budget_grows_only_as_fast_as_steps_are_priced():
         planner.cost.add(n, 0.05)
     assert planner.cost.coef[1] == 0.0 and planner.cost.trusted_size() == 40
     trees = [_tree([-1, 0, 1, 2, 3, 4, 5, 6], [0.9] * 8) for _ in range(8)]  # 64 candidates
-    assert planner._k_max(trees, per_request_cap=8, step_requests=8) == 40 - 8
+    assert planner._choose(trees, per_request_cap=8, step_requests=8)[1] == 40 - 8
     planner.cost.add(40, 0.05)  # past the fitted range: refitted now, not 16 steps later
     assert planner.cost.trusted_size() == 80
-    assert planner._k_max(trees, per_request_cap=8, step_requests=8) == 64
+    assert planner._choose(trees, per_request_cap=8, step_requests=8)[1] == 64
     assert CostModel.fixed(a=1.0, b=0.0).trusted_size() is None
 
 
@@ -84,7 +84,7 @@ def test_budget_cap_never_falls_below_the_warm_up_sizes():
         planner.cost.add(n, 0.05)
     assert planner.cost.trusted_size() == 6
     tree = _tree(list(range(-1, 19)), [0.99] * 20)  # a 20-node chain
-    assert planner._k_max([tree], per_request_cap=20, step_requests=1) == 16
+    assert planner._choose([tree], per_request_cap=20, step_requests=1)[1] == 16
 
 
 def _tree(parents, probs):
@@ -112,8 +112,7 @@ def test_selection_becomes_a_chain_when_the_tree_does_not_pay(tree_cost, expecte
         planner.cost.add(n, 0.04 + 0.001 * n + tree_cost * r, r)
     # node 3 is a sibling of node 1 (both under the root): a real tree
     tree = _tree([-1, 0, 1, -1], [0.9, 0.8, 0.5, 0.4])
-    (keep,) = planner._shape([tree], [np.array([0, 1, 2, 3])], k_max=4,
-                                               per_request_cap=8, step_requests=1)
+    (keep,), _ = planner._choose([tree], per_request_cap=8, step_requests=1, k_max=4)
     assert keep.tolist() == expected
 
 
@@ -136,8 +135,7 @@ def test_gate_truncation_holds_unless_the_longer_chain_is_free(times, expected):
     model.tree_cost = 0.009  # priced: no "chains only every other step"
     planner.cost = model
     tree = replace(_tree([-1, 0, 1], [0.05, 0.9, 0.9]), trunc_depth=1)  # gate cut at depth 1
-    (keep,) = planner._shape([tree], [np.array([0])], k_max=3,
-                                               per_request_cap=8, step_requests=1)
+    (keep,), _ = planner._choose([tree], per_request_cap=8, step_requests=1, k_max=3)
     assert keep.tolist() == expected
 
 
@@ -201,15 +199,10 @@ def test_budget_prices_candidates_at_the_realised_share_of_their_score():
     assert planner.nothing_can_pay(8) and not planner.heads_can_pay(8)
 
 
-def test_path_and_chain_helpers():
-    from vllm_echo.algos.echo.budget import is_root_path, reindex_selection
-    from vllm_echo.algos.echo.planner import _path_to
+def test_reindex_selection():
+    from vllm_echo.algos.echo.budget import reindex_selection
 
     parents = np.array([-1, 0, -1, 2, 3])
-    assert _path_to(parents, 4).tolist() == [2, 3, 4]
-    assert is_root_path(parents, np.array([2, 3, 4])) and not is_root_path(parents, np.arange(5))
-    assert not is_root_path(parents, np.array([0, 2])) and not is_root_path(parents, np.array([3]))
-    assert is_root_path(parents, np.array([], dtype=np.int64))
     new_parents, chain = reindex_selection(parents, np.array([2, 3, 4]))
     assert new_parents.tolist() == [-1, 0, 1] and chain
     new_parents, chain = reindex_selection(parents, np.array([0, 1, 2]))

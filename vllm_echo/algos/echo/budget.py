@@ -120,7 +120,7 @@ class BudgetResult:
 
 
 @njit(cache=True)
-def _select(offsets, parents, scores, depths, trunc_depths, confident, core_width, k_max,
+def select_nodes(offsets, parents, scores, depths, trunc_depths, confident, core_width, k_max,
             cap):
     """The two phases over the batch's concatenated trees (``parents`` local to each
     tree, ``offsets`` where each starts; ``core_width`` < 0 for None). Returns the
@@ -210,22 +210,35 @@ def _schedule_shared(trees: Sequence[CandidateTree], k_max: int, cap: float,
     if not trees:
         empty = np.zeros(0, dtype=np.int64)
         return BudgetResult((), empty, empty)
-    offsets = np.concatenate([[0], np.cumsum([t.size for t in trees])]).astype(np.int64)
+    batch = concatenate(trees)
+    selected, from_p1, from_p2 = select_nodes(
+        *batch, -1 if core_width is None else int(core_width), int(k_max),
+        _NO_CAP if cap == float("inf") else int(cap))
+    return BudgetResult(split_selection(selected, batch[0]), from_p1, from_p2)
+
+
+def concatenate(trees: Sequence[CandidateTree]) -> tuple[np.ndarray, ...]:
+    """The batch's trees as the compiled kernels take them: (offsets, parents, scores,
+    depths, truncation depths, confident), ``offsets`` where each tree starts (and the
+    end), parents local to each tree."""
+    offsets = np.zeros(len(trees) + 1, np.int64)
+    np.cumsum([t.size for t in trees], out=offsets[1:])
     if len(trees) == 1:  # batch 1: the tree's own arrays, no copies
         parents, scores, depths = trees[0].parents, trees[0].scores, trees[0].depths
     else:
         parents = np.concatenate([t.parents for t in trees])
         scores = np.concatenate([t.scores for t in trees])
         depths = np.concatenate([t.depths for t in trees])
-    selected, from_p1, from_p2 = _select(
-        offsets, parents, scores, depths,
-        np.array([t.trunc_depth for t in trees], dtype=np.int64),
-        np.array([t.confident for t in trees], dtype=np.bool_),
-        -1 if core_width is None else int(core_width), int(k_max),
-        _NO_CAP if cap == float("inf") else int(cap))
-    return BudgetResult(tuple(np.flatnonzero(selected[lo:hi])
-                              for lo, hi in zip(offsets[:-1], offsets[1:])),
-                        from_p1, from_p2)
+    return (offsets, parents, scores, depths,
+            np.array([t.trunc_depth for t in trees], dtype=np.int64),
+            np.array([t.confident for t in trees], dtype=np.bool_))
+
+
+def split_selection(selected: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per tree, the indices of its selected nodes (a mask over the concatenation)."""
+    if offsets.size == 2:
+        return (np.flatnonzero(selected), )
+    return tuple(np.flatnonzero(selected[lo:hi]) for lo, hi in zip(offsets[:-1], offsets[1:]))
 
 
 @njit(cache=True)
@@ -244,18 +257,6 @@ def reindex_selection(parents, selected):
     return out, is_chain
 
 
-@njit(cache=True)
-def is_root_path(parents, selected):
-    """The ascending ``selected`` nodes form one root path: each is the previous one's
-    child (the first a root child). True for none."""
-    previous = ROOT
-    for node in selected:
-        if parents[node] != previous:
-            return False
-        previous = node
-    return True
-
-
 def warm_up() -> None:
     """Compile the selection and re-indexing kernels (a decode step should not pay for
     them)."""
@@ -263,7 +264,6 @@ def warm_up() -> None:
                                  np.array([1, 2]), 1, False)
     _schedule_shared([tree], 2, float("inf"), 1)
     reindex_selection(np.array([-1, 0], np.int32), np.array([0, 1], np.int64))
-    is_root_path(tree.parents, np.array([0, 1], np.int64))
 
 
 def schedule_budget(trees: Sequence[CandidateTree], k_max: int,

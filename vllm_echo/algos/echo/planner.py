@@ -17,13 +17,13 @@ The stages of :meth:`EchoPlanner.plan`:
 2. **Gate**, in the same compiled pass: the tree is cut at the first sweet spot d with
    c_d <= tau_d (ECHO Eq. 7; sweet spots and taus calibrated from uncensored labels,
    :meth:`Plan.calibration_label`).
-3. **Budget** (:meth:`EchoPlanner._k_max`, then ``schedule_budget``). With ``k_max``
+3. **Budget** (:meth:`EchoPlanner._budget_bounds`, then ``select_nodes``). With ``k_max``
    unset, the step's budget is the k that maximises expected tokens per second
    (B + sum of the k best p) / T(B + k), T from the measured time of decode steps
    (:class:`~vllm_echo.algos.echo.cost.CostModel`). Where verification is nearly free
    that admits most candidates; where every verified token costs compute it admits
    only nodes likely enough to pay for themselves, down to none.
-4. **Shape** (:meth:`EchoPlanner._shape`). Verifying a request as a tree rather than a
+4. **Shape** (``pricing._shape_requests``). Verifying a request as a tree rather than a
    chain has its own measured cost; each request keeps its selection only if it pays
    better than its best root path of any length within the budget, which vLLM
    verifies natively.
@@ -40,14 +40,13 @@ from typing import Any
 
 import numpy as np
 
-from vllm_echo.algos.echo.budget import (CandidateTree, is_root_path, reindex_selection,
-                                         schedule_budget)
+from vllm_echo.algos.echo.budget import (CandidateTree, concatenate, reindex_selection,
+                                         split_selection)
 from vllm_echo.algos.echo.calibration import Calibrator, GateConfig
 from vllm_echo.algos.echo.cost import CostModel
 from vllm_echo.algos.echo.forest_scoring import score_forest
 from vllm_echo.algos.echo.gate import gate_checks
-from vllm_echo.algos.echo.pricing import (best_budget, best_root_path,
-                                          break_even_probability)
+from vllm_echo.algos.echo.pricing import break_even_probability, choose_nodes
 from vllm_echo.algos.echo.scores import AcceptancePrior, AcceptedOverExpected
 from vllm_echo.algos.echo.stats import EchoStepStats
 
@@ -87,6 +86,8 @@ _HEAD_PRIOR_MEAN = 0.1
 # Trees per class (reached depth d / did not) a depth needs to be calibrated.
 _MIN_CALIBRATION_SAMPLES = 10
 _NO_DRAFT = (np.empty(0, np.int32), np.empty(0, np.int32))  # (token_ids, parents)
+# Prices passed while the cost model has no fit (warm-up: a fixed budget, no shape).
+_UNPRICED = (1.0, 0.0, 0.0, 0.0, 0.0)
 
 
 def head_bucket(logp: np.ndarray) -> np.ndarray:
@@ -176,9 +177,9 @@ class EchoPlanner:
              num_requests: int | None = None
              ) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[Plan | None]]:
         """Draft trees ``(token_ids, parents)`` per request (empty where None), in four
-        stages: score and gate every forest (:meth:`_score`), choose the step's budget
-        (:meth:`_k_max`) and share it (``schedule_budget``), then shape each request's
-        share into the tree or chain whose step pays best (:meth:`_shape`).
+        stages: score and gate every forest (:meth:`_score`), then in one compiled call
+        (:meth:`_choose`) choose the step's budget, share it, and shape each request's
+        share into the tree or chain whose step pays best.
 
         ``num_requests``: requests the step decodes, with or without candidates (default
         ``len(batch)``). Every one of them is a verified token, so the cost model prices
@@ -200,18 +201,7 @@ class EchoPlanner:
         if not trees:  # nothing to schedule: no budget, no shape, no plan
             self.last_k_max = 0
             return [_NO_DRAFT] * len(batch), [None] * len(batch)
-        k_max = self._k_max(trees, per_request_cap, step_requests)
-        probing = k_max == 0 and explore > 0
-        if probing:  # one node per request, or one chain of them when few requests draft
-            k_max, per_request_cap = explore, max(1, explore // len(trees))
-        self.last_k_max = k_max
-        result = schedule_budget(trees, k_max, per_request_cap=per_request_cap,
-                                 shared_budget=self.settings.shared_budget)
-        if probing:  # a probe is verified as chosen: it is there to learn
-            shaped = list(result.selected)
-        else:
-            shaped = self._shape(trees, result.selected, k_max, per_request_cap,
-                                 step_requests)
+        shaped, self.last_k_max = self._choose(trees, per_request_cap, step_requests, explore)
         shaped_iter = iter(shaped)
         drafts, plans = [], []
         for item in scored:
@@ -270,14 +260,44 @@ class EchoPlanner:
                                              fixed_tau=self.settings.fixed_tau_value or 0.2))
         return self._checks[1]
 
-    def _k_max(self, trees: list[CandidateTree], per_request_cap: int,
-               step_requests: int) -> int:
+    def _choose(self, trees: list[CandidateTree], per_request_cap: int, step_requests: int,
+                explore: int = 0, k_max: int | None = None) -> tuple[tuple[np.ndarray, ...], int]:
+        """Stages 3 and 4, budget and shape, in one compiled call
+        (:func:`~vllm_echo.algos.echo.pricing.choose_nodes`): the step's budget
+        (``k_max``, else :meth:`_budget_bounds`) shared among the trees, then each
+        request's share kept as a tree or replaced by the root path, of any length
+        within the budget, whose step pays best. Returns the nodes per request and the
+        budget. Shaped only once the cost model is fitted and without a fixed budget;
+        while trees are not yet priced, every other step verifies its selection as
+        chosen, so that the cost model sees steps with and without trees (else it
+        never learns their cost)."""
+        most = 0
+        if k_max is None:
+            k_max, most = self._budget_bounds(len(trees), per_request_cap, step_requests)
+        shape = self.cost.coef is not None and self.settings.k_max is None
+        unpriced = self._unpriced_tree_steps
+        if shape and self.cost.tree_cost is None:
+            unpriced += 1
+            shape = unpriced % 2 == 0
+        batch = concatenate(trees)
+        selected, k_max, probing = choose_nodes(
+            *batch, k_max, most, per_request_cap, explore, self.settings.shared_budget, shape,
+            self.cost.tree_cost is not None, step_requests,
+            self.cost.prices() if self.cost.coef is not None else _UNPRICED)
+        if not probing:  # a probe is verified as chosen: it is there to learn
+            self._unpriced_tree_steps = unpriced
+        return split_selection(selected, batch[0]), int(k_max)
+
+    def _budget_bounds(self, num_trees: int, per_request_cap: int,
+                       step_requests: int) -> tuple[int, int]:
+        """Stage 3's bounds: (the step's fixed budget, or -1 for the cost model's
+        choice; the most that choice may be)."""
         if self.settings.k_max is not None:
-            return self.settings.k_max
+            return self.settings.k_max, 0
         if not self.settings.shared_budget:
             # Ablation: a fixed K per request, whatever the step costs and whoever else
-            # drafts (schedule_budget gives each request k_max // len(trees)).
-            return per_request_cap * len(trees)
+            # drafts (each request gets k_max // len(trees)).
+            return per_request_cap * num_trees, 0
         if self.cost.coef is None:
             # Warm-up (until the cost model has its first fit, ~8 steps): budgets of
             # B/8, B/4, B/2 and B nodes in turn (at least 2, 4, 8, 16), so that the fit
@@ -285,9 +305,8 @@ class EchoPlanner:
             # doubling the step at large batch.
             factor = _WARMUP_FACTORS[self._warmup_steps % len(_WARMUP_FACTORS)]
             self._warmup_steps += 1
-            return _warmup_budget(step_requests, factor)
-        probs = np.exp(np.concatenate([t.scores[t.depths <= t.trunc_depth] for t in trees]))
-        most = per_request_cap * len(trees)
+            return _warmup_budget(step_requests, factor), 0
+        most = per_request_cap * num_trees
         trusted = self.cost.trusted_size()
         if trusted is not None:
             # No step far past the cost model's data, but always as far as the warm-up
@@ -296,36 +315,7 @@ class EchoPlanner:
             # the budget at 0 with nothing measured that could raise it.
             floor = _warmup_budget(step_requests, _WARMUP_FACTORS[-1])
             most = min(most, max(trusted - step_requests, floor))
-        return int(best_budget(probs, most, step_requests, self.cost.prices()))
-
-    def _shape(self, trees: list[CandidateTree], selected: tuple[np.ndarray, ...],
-               k_max: int, per_request_cap: int,
-               step_requests: int) -> list[np.ndarray]:
-        """Stage 4, shape: per request, keep its budget selection or replace it by one
-        root path, whichever adds more expected tokens net of its price in step time
-        (at the step's expected tokens per second). Returns the nodes per request.
-
-        The path may be longer or shorter than the selection's own best path: a chain
-        verifies natively, without the tree cost c, so the best chain length comes
-        from the cost curve. Σ K_i <= k_max still holds (and each request's fixed share
-        without a shared budget; a request with a fixed share always drafts if it
-        can)."""
-        if self.cost.coef is None or self.settings.k_max is not None:
-            return list(selected)  # warm-up, or a fixed budget: as chosen
-        if self.cost.tree_cost is None:
-            # Trees not yet priced: every other step verifies chains only, so that the
-            # cost model sees steps with and without trees (else it never learns c).
-            self._unpriced_tree_steps += 1
-            if self._unpriced_tree_steps % 2:
-                return list(selected)
-        step = _StepShape.of(self.cost, trees, selected, step_requests, k_max)
-        share = k_max // max(len(trees), 1)
-        out = []
-        for i, (tree, keep) in enumerate(zip(trees, selected)):
-            limit = min(len(keep) + step.spare if self.settings.shared_budget else share,
-                        per_request_cap)
-            out.append(step.choose(i, tree, keep, limit, self.settings.shared_budget))
-        return out
+        return -1, most
 
     def step_explore(self, num_requests: int) -> int | None:
         """How this step drafts, asked once per step before any forest is built: None
@@ -430,65 +420,7 @@ class ScoredForest:
                     cand.token_ids, cand.parents, keep, is_chain)
 
 
-@dataclass
-class _StepShape:
-    """The step being shaped, request by request (EchoPlanner._shape): verified tokens
-    and tree requests so far, the budget left unused, and the rate (expected tokens per
-    second) every choice is priced at."""
-
-    cost: CostModel
-    step_requests: int
-    num_tokens: int
-    num_trees: int
-    spare: int
-    rate: float
-    branched: list[bool]  # per request: its selection is a tree, not one root path
-    expected: list[float]  # per request: the tokens its selection expects
-    prices: tuple[float, ...]  # CostModel.prices
-
-    @classmethod
-    def of(cls, cost: CostModel, trees: list[CandidateTree], selected: tuple[np.ndarray, ...],
-           step_requests: int, k_max: int) -> "_StepShape":
-        expected = [float(np.exp(t.scores[s]).sum()) for t, s in zip(trees, selected)]
-        branched = [not is_root_path(t.parents, s) for t, s in zip(trees, selected)]
-        num_tokens = sum(len(s) for s in selected) + step_requests
-        rate = (step_requests + sum(expected)) / cost.time(num_tokens, sum(branched),
-                                                           drafted=True)
-        return cls(cost, step_requests, num_tokens, sum(branched),
-                   k_max - (num_tokens - step_requests), rate, branched, expected,
-                   cost.prices())
-
-    def choose(self, i: int, tree: CandidateTree, keep: np.ndarray, limit: int,
-               shared_budget: bool) -> np.ndarray:
-        """Request ``i``'s best option: its selection as chosen, no draft, or a root
-        path of at most ``limit`` nodes; updates the step for the requests after it."""
-        cost = self.cost
-        branched = self.branched[i]
-        rest_tokens, rest_trees = self.num_tokens - len(keep), self.num_trees - int(branched)
-        # Fixed K (no shared budget): drafting is not the cost model's call.
-        end, value = best_root_path(tree.parents, tree.scores, tree.depths, limit,
-                                    tree.trunc_depth, rest_tokens, rest_trees,
-                                    self.step_requests, self.rate, not shared_budget,
-                                    self.prices)
-        if branched and cost.tree_cost is not None:
-            as_tree = self.expected[i] - self.rate * cost.time(
-                rest_tokens + len(keep), rest_trees + 1, drafted=True)
-            if as_tree >= value:
-                return keep
-        path = _path_to(tree.parents, end) if end >= 0 else keep[:0]
-        self.spare += len(keep) - len(path)
-        self.num_tokens, self.num_trees = rest_tokens + len(path), rest_trees
-        return path
-
-
 def _warmup_budget(num_requests: int, factor: int) -> int:
     """Warm-up budget: B * factor / 8 nodes (rounded up), at least 2 * factor."""
     return max(2 * factor, -(-num_requests * factor // 8))
 
-
-def _path_to(parents: np.ndarray, node: int) -> np.ndarray:
-    path = []
-    while node >= 0:
-        path.append(node)
-        node = int(parents[node])
-    return np.asarray(path[::-1], dtype=np.int64)

@@ -1,20 +1,25 @@
 # SPDX-License-Identifier: Apache-2.0
 """The planner's choices priced by the step cost model, compiled.
 
-:func:`best_budget` chooses the step's budget (stage 3 of
-:meth:`~vllm_echo.algos.echo.planner.EchoPlanner.plan`) and :func:`best_root_path` one
-request's chain (stage 4), every step; :func:`break_even_probability` gives the least
-acceptance rate a draft needs, once per refit. Compiled because in numpy each is a dozen
-small calls per step or request, and once a forward has left the caches cold such calls
-cost far more than their arithmetic. ``prices`` is :meth:`CostModel.prices`: (a, b,
-knee, tree cost, draft cost), a step of N verified tokens, R tree requests and D (0 or
-1) drafts costing a + b max(0, N - knee) + tree R + draft D.
+:func:`choose_nodes` is stages 3 and 4 of
+:meth:`~vllm_echo.algos.echo.planner.EchoPlanner.plan` in one call over the batch's
+concatenated trees, every step: the step's budget (:func:`best_budget`), its share
+(:func:`~vllm_echo.algos.echo.budget.select_nodes`) and each request's shape (tree or
+chain, :func:`best_root_path`). :func:`break_even_probability` gives the least
+acceptance rate a draft needs, once per refit. Compiled, and in one call, because in
+numpy each is a dozen small calls per step or request, and once a forward has left the
+caches cold every such call, and every call into a kernel, costs far more than its
+arithmetic. ``prices`` is :meth:`CostModel.prices`: (a, b, knee, tree cost, draft
+cost), a step of N verified tokens, R tree requests and D (0 or 1) drafts costing
+a + b max(0, N - knee) + tree R + draft D.
 """
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from vllm_echo.algos.echo.budget import select_nodes
 
 
 @njit(cache=True)
@@ -74,6 +79,93 @@ def best_root_path(parents, scores, depths, max_len, trunc_depth, rest_tokens, r
 
 
 @njit(cache=True)
+def choose_nodes(offsets, parents, scores, depths, trunc_depths, confident, k_max, most,
+                 cap, explore, shared, shape, trees_priced, step_requests, prices):
+    """Stages 3 and 4 over the batch's trees (``offsets`` where each starts, ``parents``
+    local to each; :func:`~vllm_echo.algos.echo.budget.concatenate`).
+
+    Budget: ``k_max`` nodes, or with ``k_max`` < 0 the :func:`best_budget` of the
+    candidates the gate allows, up to ``most``. If that is none and ``explore`` > 0,
+    a probe: ``explore`` nodes, at most ``explore // trees`` per request, verified as
+    selected. Share: ``select_nodes`` with at most ``cap`` nodes per request (and with
+    ``shared`` False each request's equal share of ``k_max``, nothing pooled). Shape
+    (if ``shape``): :func:`_shape_requests`. Returns (selected mask, k_max, probing)."""
+    num_trees = offsets.size - 1
+    if k_max < 0:
+        probs = np.empty(parents.size)
+        count = 0
+        for r in range(num_trees):
+            for j in range(offsets[r], offsets[r + 1]):
+                if depths[j] <= trunc_depths[r]:
+                    probs[count] = np.exp(scores[j])
+                    count += 1
+        k_max = best_budget(probs[:count], most, step_requests, prices)
+    probing = k_max == 0 and explore > 0
+    if probing:
+        k_max, cap = explore, max(1, explore // num_trees)
+    share_cap = cap if shared else min(cap, k_max // num_trees)
+    selected, _, _ = select_nodes(offsets, parents, scores, depths, trunc_depths, confident,
+                                  1, k_max, share_cap)
+    if shape and not probing:
+        _shape_requests(offsets, parents, scores, depths, trunc_depths, selected, k_max, cap,
+                        shared, trees_priced, step_requests, prices)
+    return selected, k_max, probing
+
+
+@njit(cache=True)
+def _shape_requests(offsets, parents, scores, depths, trunc_depths, selected, k_max, cap,
+                    shared, trees_priced, step_requests, prices):
+    """Stage 4 in place on the ``selected`` mask: request by request, keep its selection
+    or replace it by one root path (:func:`best_root_path`, at most ``cap`` nodes and
+    the budget the requests before it left), whichever adds more expected tokens net
+    of its price in step time, at the step's expected tokens per second. A tree is an
+    option only once ``trees_priced``: a chain verifies natively, without the tree
+    cost. Σ K_i <= k_max still holds (and each request's equal share without a
+    ``shared`` budget; such a request always drafts if it can)."""
+    num_trees = offsets.size - 1
+    counts = np.zeros(num_trees, np.int64)
+    expected = np.zeros(num_trees)
+    branched = np.zeros(num_trees, np.bool_)  # its selection is not one root path
+    for r in range(num_trees):
+        previous = -1
+        for j in range(offsets[r], offsets[r + 1]):
+            if selected[j]:
+                counts[r] += 1
+                expected[r] += np.exp(scores[j])
+                branched[r] = branched[r] or parents[j] != previous
+                previous = j - offsets[r]
+    num_tokens = step_requests + counts.sum()
+    num_branched = branched.sum()
+    total_expected = 0.0
+    for r in range(num_trees):
+        total_expected += expected[r]
+    rate = (step_requests + total_expected) / step_time(prices, num_tokens, num_branched, 1.0)
+    spare = k_max - (num_tokens - step_requests)
+    share = k_max // max(num_trees, 1)
+    for r in range(num_trees):
+        lo, hi = offsets[r], offsets[r + 1]
+        kept = counts[r]
+        limit = min(kept + spare if shared else share, cap)
+        rest_tokens, rest_trees = num_tokens - kept, num_branched - branched[r]
+        end, value = best_root_path(parents[lo:hi], scores[lo:hi], depths[lo:hi], limit,
+                                    trunc_depths[r], rest_tokens, rest_trees, step_requests,
+                                    rate, not shared, prices)
+        if branched[r] and trees_priced:
+            as_tree = expected[r] - rate * step_time(prices, rest_tokens + kept,
+                                                     rest_trees + 1, 1.0)
+            if as_tree >= value:
+                continue
+        selected[lo:hi] = False
+        length = 0
+        while end >= 0:
+            selected[lo + end] = True
+            length += 1
+            end = parents[lo + end]
+        spare += kept - length
+        num_tokens, num_branched = rest_tokens + length, rest_trees
+
+
+@njit(cache=True)
 def break_even_probability(prices, num_requests, max_drafts):
     """min over k in 1..``max_drafts`` of B (T(B + k) / T(B) - 1) / k, B =
     ``num_requests``: the acceptance probability a draft node needs, at the best draft
@@ -91,6 +183,8 @@ def warm_up() -> None:
     prices = (0.03, 0.001, 4.0, 0.01, 0.002)
     step_time(prices, 5.0, 1.0, 1.0)  # as CostModel.time calls it
     break_even_probability(prices, 1, 64)
-    best_budget(np.array([0.5, 0.2]), 3, 1, prices)
-    best_root_path(np.array([-1, 0], np.int64), np.array([-0.5, -1.0]),
-                   np.array([1, 2], np.int64), 2, 1, 1, 0, 1, 30.0, False, prices)
+    parents, depths = np.array([-1, 0, -1], np.int64), np.array([1, 2, 1], np.int64)
+    for k_max, shape in ((-1, True), (2, False)):
+        choose_nodes(np.array([0, 3], np.int64), parents, np.array([-0.5, -1.0, -2.0]),
+                     depths, np.array([2], np.int64), np.array([True]), k_max, 3, 3, 0,
+                     True, shape, True, 1, prices)
