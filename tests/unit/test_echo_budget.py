@@ -242,7 +242,8 @@ def test_one_call_budget_and_shape_match_the_references(seed):
 
 def test_one_call_budget_chooses_by_the_cost_model_and_probes_when_nothing_pays():
     """k_max < 0: the best_budget of the candidates the gate allows; none paying and
-    explore > 0: a probe of ``explore`` nodes, at most explore // trees each."""
+    explore > 0: a probe of ``explore`` nodes, at most explore // trees each, each
+    request's as one chain."""
     trees = [candidate([-1, 0, 1], path_probs=[0.9, 0.8, 0.7]),
              candidate([-1, 0], path_probs=[0.6, 0.5])]
     batch = concatenate(trees)
@@ -255,6 +256,13 @@ def test_one_call_budget_chooses_by_the_cost_model_and_probes_when_nothing_pays(
     selected, k_max, probing = choose_nodes(*batch, -1, 4, 8, 2, True, True, True, 2, dear)
     assert (k_max, probing) == (2, True)
     assert [s.tolist() for s in split_selection(selected, batch[0])] == [[0], [0]]
+    # one request: its probe share of 4 covers the whole tree; verified as the root
+    # path with the most expected tokens (0.5 + 0.4 against 0.45 + 0.1), not as a tree
+    tree = concatenate([candidate([-1, 0, -1, 2], path_probs=[0.5, 0.4, 0.45, 0.1])])
+    dear = (0.03, 0.03, 1.0, 0.0, 0.0)  # every draft doubles the step of one request
+    selected, k_max, probing = choose_nodes(*tree, -1, 4, 8, 4, True, True, True, 1, dear)
+    assert (k_max, probing) == (4, True)
+    assert np.flatnonzero(selected).tolist() == [0, 1]
 
 
 def test_subtree_reindexes_parent_first():

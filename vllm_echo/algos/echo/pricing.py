@@ -86,10 +86,12 @@ def choose_nodes(offsets, parents, scores, depths, trunc_depths, confident, k_ma
 
     Budget: ``k_max`` nodes, or with ``k_max`` < 0 the :func:`best_budget` of the
     candidates the gate allows, up to ``most``. If that is none and ``explore`` > 0,
-    a probe: ``explore`` nodes, at most ``explore // trees`` per request, verified as
-    selected. Share: ``select_nodes`` with at most ``cap`` nodes per request (and with
-    ``shared`` False each request's equal share of ``k_max``, nothing pooled). Shape
-    (if ``shape``): :func:`_shape_requests`. Returns (selected mask, k_max, probing)."""
+    a probe: ``explore`` nodes, at most ``explore // trees`` per request, each
+    request's share verified as the root path with the most expected tokens it holds
+    (:func:`_probe_chains`). Share: ``select_nodes`` with at most ``cap`` nodes per
+    request (and with ``shared`` False each request's equal share of ``k_max``, nothing
+    pooled). Shape (if ``shape``): :func:`_shape_requests`. Returns (selected mask,
+    k_max, probing)."""
     num_trees = offsets.size - 1
     if k_max < 0:
         probs = np.empty(parents.size)
@@ -106,10 +108,35 @@ def choose_nodes(offsets, parents, scores, depths, trunc_depths, confident, k_ma
     share_cap = cap if shared else min(cap, k_max // num_trees)
     selected, _, _ = select_nodes(offsets, parents, scores, depths, trunc_depths, confident,
                                   1, k_max, share_cap)
-    if shape and not probing:
+    if probing:
+        _probe_chains(offsets, parents, scores, depths, trunc_depths, selected, prices)
+    elif shape:
         _shape_requests(offsets, parents, scores, depths, trunc_depths, selected, k_max, cap,
                         shared, trees_priced, step_requests, prices)
     return selected, k_max, probing
+
+
+@njit(cache=True)
+def _probe_chains(offsets, parents, scores, depths, trunc_depths, selected, prices):
+    """A probe's selection, in place: each request's share becomes the root path of at
+    most as many nodes with the most expected tokens. Probes are there to learn
+    acceptance rates, and a chain teaches them at a chain's price: probed as a tree (on
+    the CPU a tree costs a fixed price per request, growing with its context) a probe
+    step costs what the model then reads as the price of drafting at all, and while
+    only probes draft, that price keeps them the only drafts."""
+    for r in range(offsets.size - 1):
+        lo, hi = offsets[r], offsets[r + 1]
+        count = 0
+        for j in range(lo, hi):
+            count += selected[j]
+        if count == 0:
+            continue
+        end, _ = best_root_path(parents[lo:hi], scores[lo:hi], depths[lo:hi], count,
+                                trunc_depths[r], 0, 0, 0, 0.0, True, prices)
+        selected[lo:hi] = False
+        while end >= 0:
+            selected[lo + end] = True
+            end = parents[lo + end]
 
 
 @njit(cache=True)
