@@ -120,8 +120,8 @@ class BudgetResult:
 
 
 @njit(cache=True)
-def select_nodes(offsets, parents, scores, depths, trunc_depths, confident, core_width, k_max,
-            cap):
+def select_nodes(offsets, parents, scores, depths, trunc_depths, confident, core_width,
+                 k_max, cap):
     """The two phases over the batch's concatenated trees (``parents`` local to each
     tree, ``offsets`` where each starts; ``core_width`` < 0 for None). Returns the
     selected mask and the nodes each phase gave each request."""

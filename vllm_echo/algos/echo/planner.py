@@ -284,7 +284,7 @@ class EchoPlanner:
             *batch, k_max, most, per_request_cap, explore, self.settings.shared_budget, shape,
             self.cost.tree_cost is not None, step_requests,
             self.cost.prices() if self.cost.coef is not None else _UNPRICED)
-        if not probing:  # a probe is verified as chosen: it is there to learn
+        if not probing:  # a probe is never shaped: the alternation counts shaped steps
             self._unpriced_tree_steps = unpriced
         return split_selection(selected, batch[0]), int(k_max)
 

@@ -210,8 +210,7 @@ def warm_up() -> None:
     prices = (0.03, 0.001, 4.0, 0.01, 0.002)
     step_time(prices, 5.0, 1.0, 1.0)  # as CostModel.time calls it
     break_even_probability(prices, 1, 64)
-    parents, depths = np.array([-1, 0, -1], np.int64), np.array([1, 2, 1], np.int64)
-    for k_max, shape in ((-1, True), (2, False)):
-        choose_nodes(np.array([0, 3], np.int64), parents, np.array([-0.5, -1.0, -2.0]),
-                     depths, np.array([2], np.int64), np.array([True]), k_max, 3, 3, 0,
-                     True, shape, True, 1, prices)
+    choose_nodes(np.array([0, 3], np.int64), np.array([-1, 0, -1], np.int64),
+                 np.array([-0.5, -1.0, -2.0]), np.array([1, 2, 1], np.int64),
+                 np.array([2], np.int64), np.array([True]), -1, 3, 3, 0, True, True, True, 1,
+                 prices)
