@@ -219,9 +219,9 @@ def test_one_call_budget_and_shape_match_the_references(seed):
     is schedule_budget's (each request's equal share without a shared budget), the
     shape the plain transcription's, on random forests and step prices."""
     rng = np.random.default_rng(3000 + seed)
-    trees = [random_forest(rng, n_max=30) for _ in range(int(rng.integers(1, 7)))]
-    if all(t.size == 0 for t in trees):
-        return
+    trees = []
+    while not any(t.size for t in trees):  # at least one request with candidates
+        trees = [random_forest(rng, n_max=30) for _ in range(int(rng.integers(1, 7)))]
     k_max, cap = int(rng.integers(0, 60)), int(rng.integers(1, 15))
     prices = (0.03, float(rng.choice([0.0, 0.001, 0.004])), float(rng.integers(0, 12)),
               float(rng.choice([0.0, 0.002, 0.01])), float(rng.choice([0.0, 0.001])))
