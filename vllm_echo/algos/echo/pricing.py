@@ -133,10 +133,20 @@ def _probe_chains(offsets, parents, scores, depths, trunc_depths, selected, pric
             continue
         end, _ = best_root_path(parents[lo:hi], scores[lo:hi], depths[lo:hi], count,
                                 trunc_depths[r], 0, 0, 0, 0.0, True, prices)
-        selected[lo:hi] = False
-        while end >= 0:
-            selected[lo + end] = True
-            end = parents[lo + end]
+        _select_path(selected, parents, lo, hi, end)
+
+
+@njit(cache=True)
+def _select_path(selected, parents, lo, hi, end):
+    """Select, of the tree at ``lo:hi``, only the root path to its node ``end`` (none
+    for -1); returns the path's length."""
+    selected[lo:hi] = False
+    length = 0
+    while end >= 0:
+        selected[lo + end] = True
+        length += 1
+        end = parents[lo + end]
+    return length
 
 
 @njit(cache=True)
@@ -182,12 +192,7 @@ def _shape_requests(offsets, parents, scores, depths, trunc_depths, selected, k_
                                                      rest_trees + 1, 1.0)
             if as_tree >= value:
                 continue
-        selected[lo:hi] = False
-        length = 0
-        while end >= 0:
-            selected[lo + end] = True
-            length += 1
-            end = parents[lo + end]
+        length = _select_path(selected, parents, lo, hi, end)
         spare += kept - length
         num_tokens, num_branched = rest_tokens + length, rest_trees
 
