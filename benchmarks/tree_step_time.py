@@ -4,7 +4,7 @@
 Every decode step each request verifies a draft of fixed shape and size (capacity C:
 C - 1 drafts and the root) whose tokens are never accepted, so every step does the
 same work: a tree of two equal branches from the root (half its rows leave the first
-branch: the rows the native path recomputes), or a chain of the same C - 1 drafts.
+branch: the rows the native path verifies again, as a chain), or a chain of the same C - 1 drafts.
 Contexts are synthetic token ids; prefix caching is off. Reported: the median wall
 time of an engine step once every request decodes, per (path, C, batch, context),
 and each path's ratio to the chain measured in the same round.
@@ -124,14 +124,14 @@ def _tree_verifications(llm) -> int:
     return sum(s["tree_verifications"] for s in llm.collective_rpc(worker_stats) if s)
 
 
-def run(capacities, batches, contexts, dtype, rounds) -> list[dict]:
+def run(capacities, batches, contexts, dtype, rounds, paths=tuple(PATHS)) -> list[dict]:
     rows = []
     # vLLM drafts only while the longest sequence plus a step's drafts and the next
     # step's fit in max_model_len (else it schedules zeros as a chain): leave room
     max_len = max(contexts) + MEASURED_STEPS + 4 + 2 * max(capacities) + 16
     for r in range(rounds):
         for capacity in capacities:
-            order = list(PATHS) if r % 2 == 0 else list(reversed(PATHS))
+            order = list(paths) if r % 2 == 0 else list(reversed(paths))
             for path in order:
                 llm = _engine(capacity, path, dtype, max_len, max(batches))
                 decode_step_time(llm, 1, 64, seed=999)  # compile and warm up
@@ -197,6 +197,8 @@ def summary(rows: list[dict]) -> list[dict]:
     for (capacity, batch, context), by_round in sorted(cells.items()):
         cell = dict(capacity=capacity, batch=batch, context=context)
         for path in PATHS:
+            if not all(path in r for r in by_round.values()):
+                continue
             cell[f"{path}_ms"] = 1e3 * statistics.median(r[path] for r in by_round.values())
             if path != "chain":
                 cell[f"{path}_over_chain"] = statistics.median(
@@ -212,6 +214,8 @@ def main(argv=None) -> int:
     ap.add_argument("--contexts", type=int, nargs="+", default=[300, 2000])
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--paths", nargs="+", choices=list(PATHS), default=list(PATHS),
+                    help="paths to measure (chain is always one: ratios are to it)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--chain-lengths", type=int, nargs="+", default=None,
                     help="measure batch-1 chains of these lengths instead (0: no drafts)")
@@ -234,14 +238,17 @@ def main(argv=None) -> int:
             write_json(args.out, {"environment": environment(args.dtype), "rows": rows,
                                   "curve": curve})
         return 0
-    rows = run(args.capacities, args.batches, args.contexts, args.dtype, args.rounds)
+    paths = ["chain"] + [p for p in args.paths if p != "chain"]
+    rows = run(args.capacities, args.batches, args.contexts, args.dtype, args.rounds, paths)
     cells = summary(rows)
-    print("\n| C | batch | context | chain ms | native ms | flex ms | native / chain | "
-          "flex / chain |\n|---|---|---|---|---|---|---|---|")
+    tree_paths = paths[1:]
+    print("\n| C | batch | context | " + " | ".join(f"{p} ms" for p in paths) + " | "
+          + " | ".join(f"{p} / chain" for p in tree_paths) + " |\n|"
+          + "---|" * (3 + len(paths) + len(tree_paths)))
     for c in cells:
-        print(f"| {c['capacity']} | {c['batch']} | {c['context']} | {c['chain_ms']:.1f} | "
-              f"{c['native_ms']:.1f} | {c['flex_ms']:.1f} | {c['native_over_chain']:.2f} | "
-              f"{c['flex_over_chain']:.2f} |")
+        print(f"| {c['capacity']} | {c['batch']} | {c['context']} | "
+              + " | ".join(f"{c[p + '_ms']:.1f}" for p in paths) + " | "
+              + " | ".join(f"{c[p + '_over_chain']:.2f}" for p in tree_paths) + " |")
     if args.out:
         write_json(args.out, {"environment": environment(args.dtype), "rows": rows,
                               "cells": cells})

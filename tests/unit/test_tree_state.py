@@ -3,6 +3,7 @@
 
 import numpy as np
 
+from vllm_echo.algos.tree import uncovered_paths
 from vllm_echo.plugin.tree_state import TreeDraft, tree_rows
 
 # root -> 10 -> 11 -> 12, and a sibling branch root -> 20 -> 21
@@ -18,7 +19,8 @@ def test_a_scheduled_prefix_of_the_tree_is_verified_as_a_tree():
     got = rows(DRAFT, [10, 11, 12, 20])
     assert got is not None
     assert got.parents.tolist() == [-1, 0, 1, -1]
-    assert got.recompute.tolist() == [4]  # the sibling branch; the first branch is causal
+    # the sibling branch is verified as its own root path; the first branch is causal
+    assert uncovered_paths(got.parents) == [([3], 1)]
 
 
 def test_other_tokens_a_chain_prefix_or_an_overlong_list_run_as_chains():

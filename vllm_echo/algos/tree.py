@@ -119,3 +119,36 @@ def children_lists(parents: ArrayLike) -> list[list[int]]:
     for j, p in enumerate(par.tolist()):
         children[p + 1].append(j)
     return children
+
+
+def causal_prefix_length(parents: ArrayLike) -> int:
+    """Nodes at the head of the flat order that form a chain from the root (node j the
+    child of node j - 1): the rows causal attention over the flat order gets right."""
+    par = validate_parents(parents)
+    off_chain = np.flatnonzero(par != np.arange(par.size) - 1)
+    return int(off_chain[0]) if off_chain.size else int(par.size)
+
+
+def uncovered_paths(parents: ArrayLike) -> list[tuple[list[int], int]]:
+    """The root paths that verify, as chains, every node causal attention gets wrong.
+
+    Returns ``(path, num_new)`` per path, leaves in node order: ``path`` lists node
+    indices from the root's child down to a leaf, and its last ``num_new`` nodes are
+    the ones no earlier path (nor the causal prefix) covered. Each node off the causal
+    prefix is new in exactly one path, at the depth it sits at, so a chain over
+    ``path`` computes its attention exactly.
+    """
+    par = validate_parents(parents)
+    covered = np.zeros(par.size, dtype=bool)
+    covered[:causal_prefix_length(par)] = True
+    has_child = np.zeros(par.size, dtype=bool)
+    has_child[par[par >= 0]] = True
+    out = []
+    for leaf in np.flatnonzero(~has_child & ~covered).tolist():
+        path = path_to(par, leaf)
+        num_new = 0
+        while num_new < len(path) and not covered[path[-1 - num_new]]:
+            num_new += 1
+        covered[path] = True
+        out.append((path, num_new))
+    return out

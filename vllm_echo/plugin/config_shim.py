@@ -18,8 +18,8 @@ from vllm_echo.config import (ADDITIONAL_CONFIG_KEY, DEFAULT_NUM_SPECULATIVE_TOK
 
 logger = logging.getLogger("vllm.vllm_echo")
 
-# On a CPU every verified token is compute and the CPU tree path recomputes tree rows
-# in torch, so plain LogitSpec verifies one chain per request there unless the user
+# On a CPU every verified token is compute and the CPU tree path verifies each root
+# path off the first branch again, so plain LogitSpec verifies one chain per request there unless the user
 # asks for trees ("tree": true or a "capacity"); trees asked for without a capacity
 # get the smallest that paid (benchmarks/README.md). ECHO chooses trees or chains per
 # step from the measured cost. GPUs keep the reference trees of capacity 64.

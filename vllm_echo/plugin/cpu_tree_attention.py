@@ -2,75 +2,28 @@
 """Tree attention on vLLM's CPU backend.
 
 The native CPU kernel (``ops.cpu_attention_with_kv_cache``) takes no mask, so a
-subclass of the CPU_ATTN backend runs it as usual and then recomputes, in torch,
-only the query rows of tree requests that causal attention gets wrong: each
-such row attends to the whole context, the root and its own ancestors. Requests
+subclass of the CPU_ATTN backend runs it as usual, then runs it again for the query
+rows of tree requests that causal attention gets wrong: a tree row attends to the
+context and its own root path, which is what a chain over that path gets, so each
+root path off the first branch is verified as a chain (``PathWaves``). Nothing is
+read back from the paged cache, whose packing is the kernel's business. Requests
 without a tree never leave the native kernel.
-
-The context K/V is read back from the paged cache, whose packing depends on the
-kernel ISA picked for the dtype ("vec"/"vec16": K stored [head_dim][block] per
-block and head, V [block][head_dim]; "amx": VNNI tiles). ``probe_layout`` checks
-the reader against the backend's own writer once per ISA before trees are used.
 """
 
 from __future__ import annotations
 
-import logging
+import functools
+from dataclasses import dataclass
+from typing import Any
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 from vllm import _custom_ops as ops
+from vllm import envs
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
+from vllm_echo.algos.tree import uncovered_paths
 from vllm_echo.plugin import tree_state
-
-logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
-
-SUPPORTED_ISAS = ("vec", "vec16", "amx")
-
-
-def read_kv_blocks(key_cache: torch.Tensor, value_cache: torch.Tensor, blocks: torch.Tensor,
-                   isa: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-major K, V ``[len(blocks) * block_size, H_kv, D]`` of the given blocks.
-
-    ``key_cache``/``value_cache`` are the backend's halves, each
-    ``[num_blocks, H_kv, block_size, D]`` as a view (the bytes are packed per ISA).
-    """
-    k = key_cache[blocks]
-    v = value_cache[blocks]
-    n, h, bs, d = k.shape
-    if isa in ("vec", "vec16"):
-        k = k.reshape(n, h, d, bs).transpose(2, 3)
-    elif isa == "amx":
-        k = k.reshape(n, h, bs // 16, d // 2, 16, 2).permute(0, 1, 2, 4, 3, 5).reshape(n, h, bs, d)
-        v = v.reshape(n, h, d // 16, bs // 2, 16, 2).permute(0, 1, 3, 5, 2, 4).reshape(n, h, bs, d)
-    else:
-        raise NotImplementedError(f"no KV reader for CPU attention ISA {isa!r}")
-    return (k.permute(0, 2, 1, 3).reshape(n * bs, h, d),
-            v.permute(0, 2, 1, 3).reshape(n * bs, h, d))
-
-
-def probe_layout(isa: str, dtype: torch.dtype, num_kv_heads: int, head_size: int,
-                 block_size: int) -> bool:
-    """Write known K/V with the backend's own op and check ``read_kv_blocks`` decodes it."""
-    if isa not in SUPPORTED_ISAS:
-        return False
-    try:
-        num_blocks = 2
-        cache = torch.zeros(num_blocks, num_kv_heads, block_size, 2 * head_size, dtype=dtype)
-        kc, vc = cache.view(num_blocks, num_kv_heads, 2 * block_size, head_size).chunk(2, dim=2)
-        tokens = num_blocks * block_size
-        # Small integers: exact in bf16/fp16, so any permutation error shows.
-        k = (torch.arange(tokens * num_kv_heads * head_size) % 251).to(dtype)
-        k = k.reshape(tokens, num_kv_heads, head_size)
-        v = (k.float() * 2 % 253).to(dtype)
-        ops.cpu_attn_reshape_and_cache(k, v, kc, vc, torch.arange(tokens), isa,
-                                       k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
-        rk, rv = read_kv_blocks(kc, vc, torch.arange(num_blocks), isa)
-        return torch.equal(rk, k) and torch.equal(rv, v)
-    except Exception as exc:  # an unknown layout disables trees, it never breaks decoding
-        logger.warning("vllm-echo: KV layout probe for ISA %s failed: %s", isa, exc)
-        return False
 
 
 class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
@@ -114,32 +67,140 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
         key_cache, value_cache = kv_cache.view(
             num_blocks, num_kv_heads, 2 * block_size, -1).chunk(2, dim=2)
         try:
-            out_view = output.view(output.shape[0], self.num_heads, self.head_size)
-            for tree in step.trees:
-                if tree.recompute.numel():
-                    self._recompute_rows(tree, query, key, value, key_cache, value_cache,
-                                         attn_metadata.block_table, block_size, layer.isa,
-                                         out_view)
+            waves = step.cpu_waves
+            if waves is None:
+                waves = step.cpu_waves = PathWaves.build(step.trees, attn_metadata)
+            waves.run(self, layer, query, key, value, key_cache, value_cache, attn_metadata,
+                      output.view(output.shape[0], self.num_heads, self.head_size))
         except Exception:  # tree rows keep causal attention: the step's trees accept nothing
             step.failed = True
         return out
 
-    def _recompute_rows(self, tree, query, key, value, key_cache, value_cache, block_table,
-                        block_size, isa, out_view) -> None:
-        qs, n_rows, ctx = tree.query_start, tree.num_rows, tree.context_len
-        num_ctx_blocks = -(-ctx // block_size)
-        blocks = block_table[tree.req_idx, :num_ctx_blocks].long()
-        k_ctx, v_ctx = read_kv_blocks(key_cache, value_cache, blocks, isa)
-        keys = torch.cat([k_ctx[:ctx], key[qs:qs + n_rows]]).float()
-        values = torch.cat([v_ctx[:ctx], value[qs:qs + n_rows]]).float()
-        rows = tree.recompute
-        mask = torch.cat([torch.ones(len(rows), ctx, dtype=torch.bool),
-                          tree.ancestors.index_select(0, rows)], dim=1)
-        q = query[qs:qs + n_rows].index_select(0, rows).float()
-        attn = F.scaled_dot_product_attention(
-            q.transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
-            attn_mask=mask, scale=self.scale, enable_gqa=True)
-        out_view[qs + rows] = attn.transpose(0, 1).to(out_view.dtype)
+
+class _Rows:
+    """Token rows of the step: taken as a slice (a view, no copy) when consecutive."""
+
+    def __init__(self, rows: np.ndarray):
+        self.index = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+        consecutive = len(rows) and np.array_equal(rows, np.arange(rows[0], rows[0] + len(rows)))
+        self.span = slice(int(rows[0]), int(rows[0]) + len(rows)) if consecutive else None
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def take(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor[self.span] if self.span is not None else tensor.index_select(0, self.index)
+
+
+@dataclass
+class _Wave:
+    """One root path of each of some tree requests, verified as a chain."""
+
+    writes: _Rows                # path nodes whose K/V are not in their chain slot yet
+    write_slots: torch.Tensor    # those slots: the tree's row at the node's depth
+    queries: _Rows               # the rows this wave computes: each path's new nodes
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    requests: torch.Tensor       # the paths' requests (rows of the block table)
+    block_table: Any = None      # built by the step's first layer, as is:
+    scheduler_metadata: Any = None
+
+
+@dataclass
+class PathWaves:
+    """The step's tree rows that causal attention gets wrong, computed by the native
+    kernel itself, with no mask and nothing read back.
+
+    A tree row's attention is a chain's: the context, then its root path. Each tree is
+    split into root paths (``uncovered_paths``) and wave w verifies every tree's w-th
+    path as one sequence of a native call: the path's K/V are written over the slots of
+    the tree's rows 1, 2, ... (the request's own, already allocated; only nodes not
+    already there), and the path's new nodes are its queries, the last rows of that
+    chain. Afterwards the overwritten slots get their rows' own K/V back, so the cache
+    holds what vLLM wrote (compaction and the next step rely on it). The root row is
+    never rewritten."""
+
+    waves: list[_Wave]
+    restores: _Rows
+    restore_slots: torch.Tensor
+
+    @classmethod
+    def build(cls, trees: list[tree_state.TreeRows], attn_metadata: Any) -> "PathWaves":
+        slot_mapping = attn_metadata.slot_mapping
+        members: list[list[tuple[tree_state.TreeRows, list[int], int]]] = []
+        # per tree, the node each chain slot holds (slot d: the tree's row d)
+        holds = [np.arange(-1, len(tree.token_ids)) for tree in trees]
+        for t, tree in enumerate(trees):
+            for w, (path, num_new) in enumerate(uncovered_paths(tree.parents)):
+                if w == len(members):
+                    members.append([])
+                members[w].append((t, path, num_new))
+        waves = []
+        for wave in members:
+            writes, write_slots, queries, q_lens, seq_lens, requests = [], [], [], [], [], []
+            for t, path, num_new in wave:
+                tree = trees[t]
+                nodes = np.asarray(path)
+                depth_slots = np.arange(1, len(path) + 1)
+                moved = holds[t][depth_slots] != nodes
+                holds[t][depth_slots] = nodes
+                writes.append(tree.query_start + 1 + nodes[moved])
+                write_slots.append(tree.query_start + depth_slots[moved])
+                queries.append(tree.query_start + 1 + nodes[len(path) - num_new:])
+                q_lens.append(num_new)
+                seq_lens.append(tree.context_len + 1 + len(path))
+                requests.append(tree.req_idx)
+            waves.append(_Wave(
+                _Rows(np.concatenate(writes)),
+                slot_mapping.index_select(0, torch.from_numpy(np.concatenate(write_slots))),
+                _Rows(np.concatenate(queries)),
+                torch.from_numpy(np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)),
+                torch.tensor(seq_lens, dtype=torch.int32),
+                torch.tensor(requests, dtype=torch.long)))
+        restores = np.concatenate([tree.query_start + np.flatnonzero(
+            held != np.arange(-1, len(held) - 1)) for tree, held in zip(trees, holds)])
+        return cls(waves, _Rows(restores),
+                   slot_mapping.index_select(0, torch.from_numpy(restores)))
+
+    def run(self, impl: CPUAttentionBackendImpl, layer, query, key, value, key_cache,
+            value_cache, attn_metadata, out_view) -> None:
+        write = functools.partial(ops.cpu_attn_reshape_and_cache, key_cache=key_cache,
+                                  value_cache=value_cache, isa=layer.isa,
+                                  k_scale=layer._k_scale_float, v_scale=layer._v_scale_float,
+                                  kv_cache_dtype=impl.kv_cache_dtype)
+        try:
+            for wave in self.waves:
+                if len(wave.writes):
+                    write(wave.writes.take(key), wave.writes.take(value),
+                          slot_mapping=wave.write_slots)
+                if wave.scheduler_metadata is None:
+                    wave.block_table = attn_metadata.block_table.index_select(0, wave.requests)
+                    wave.scheduler_metadata = ops.cpu_attn_get_scheduler_metadata(
+                        num_reqs=len(wave.seq_lens), num_heads=impl.num_heads,
+                        num_kv_heads=impl.num_kv_heads, head_dim=impl.head_size,
+                        seq_lens=wave.seq_lens, dtype=query.dtype,
+                        query_start_loc=wave.query_start_loc, causal=True,
+                        sliding_window_size=-1, isa=layer.isa,
+                        enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV,
+                        kv_cache_dtype=impl.kv_cache_dtype)
+                # consecutive rows are written in place; others through a buffer
+                queries = wave.queries
+                wave_out = out_view[queries.span] if queries.span is not None else torch.empty(
+                    len(queries), impl.num_heads, impl.head_size, dtype=out_view.dtype)
+                ops.cpu_attention_with_kv_cache(
+                    query=queries.take(query), key_cache=key_cache, value_cache=value_cache,
+                    output=wave_out, query_start_loc=wave.query_start_loc,
+                    seq_lens=wave.seq_lens, scale=impl.scale, causal=True, alibi_slopes=None,
+                    sliding_window=-1, block_table=wave.block_table, softcap=0,
+                    scheduler_metadata=wave.scheduler_metadata, s_aux=None,
+                    k_scale=layer._k_scale_float, v_scale=layer._v_scale_float,
+                    kv_cache_dtype=impl.kv_cache_dtype)
+                if queries.span is None:
+                    out_view.index_copy_(0, queries.index, wave_out)
+        finally:
+            if len(self.restores):
+                write(self.restores.take(key), self.restores.take(value),
+                      slot_mapping=self.restore_slots)
 
 
 class TreeCPUAttentionBackend(CPUAttentionBackend):

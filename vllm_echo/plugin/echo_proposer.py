@@ -44,7 +44,6 @@ class EchoProposer(LogitSpecProposer):
         echo.warm_up()
 
     def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu):
-        self._check_layout()
         batch = self._runner.input_batch
         req_ids = batch.req_ids
         self._release_finished(batch.req_id_to_index)

@@ -76,8 +76,10 @@ themselves off (same log line and counter) on a call they do not understand.
    ``CPUFlexAttentionBackend`` (registry override; tree mode on CPU only, registered
    from the proposer's __init__ in the worker, put back in its ``load_model``)
    What: ``"tree_attention": "native"``: a subclass of the CPU backend whose impl
-      runs the native kernel, then recomputes in torch the rows of tree requests
-      that causal attention gets wrong, and captures tree rows' K/V in
+      runs the native kernel, then runs it again for the rows of tree requests that
+      causal attention gets wrong, each root path off the first branch as a chain
+      over the request's own tree slots (its K/V written there, then the tree rows'
+      written back: cpu_tree_attention.PathWaves), and captures tree rows' K/V in
       ``do_kv_cache_update`` for compaction. Each impl reads its engine's step
       through its own ``tree_context`` (set by tree_support.check_model in
       ``load_model``), and one without it is plain CPU_ATTN.
@@ -97,10 +99,12 @@ themselves off (same log line and counter) on a call they do not understand.
       CPU template also failed to compile some re-specialisations (a decode step's
       single query row without full-block tables, tables whose shapes change).
    Upstream: vllm/v1/attention/backends/registry.py:340 (register_backend),
-      cpu_attn.py:344-487 (forward, do_kv_cache_update), flex_attention.py:676-806
+      cpu_attn.py:344-487 (forward, do_kv_cache_update), :199-283 (build: the
+      scheduler metadata a native call needs), flex_attention.py:676-806
       (_build_block_mask_direct), :1225-1243 (do_kv_cache_update),
       v1/attention/selector.py:203 (the cache).
-   Drift: a failed recompute marks the step failed (its trees accept no draft); a
+   Drift: a failed path call marks the step failed (its trees accept no draft; the
+      root row's K/V is never rewritten, the others are written back even then); a
       failed K/V capture leaves that layer out, and compaction, which checks that
       every attention layer was captured, refuses: only nodes already in place
       are kept. Without the selector cache's ``cache_clear`` a second engine in one
@@ -220,8 +224,9 @@ Private vLLM attributes read (vLLM 0.32 names), where, and what happens without 
   ``layer_name``, ``kv_cache``, ``_k_scale_float``, ``_v_scale_float`` and the impl's
   ``kv_cache_dtype``, ``num_kv_heads``, ``head_size``, ``sliding_window``,
   ``alibi_slopes``, ``logits_soft_cap``, ``sinks`` -> chain mode. ``isa`` (set by the
-  CPU metadata builder after start-up) and the impl's ``scale`` are read per step
-  under the entry-4 fallbacks.
+  CPU metadata builder after start-up), the impl's ``scale`` and ``num_heads``, the
+  CPU metadata's ``slot_mapping`` and ``block_table``, and ``vllm.envs``
+  ``VLLM_CPU_ATTN_SPLIT_KV`` are read per step under the entry-4 fallbacks.
 - FlexAttentionMetadata ``_convert_physical_to_logical`` (probed, entry 8),
   ``doc_ids``, ``uses_paged_kv``, ``persistent_doc_ids`` (per step, entry 8 fallback;
   without the last the tables are sized by ``doc_ids``); on CPU with "flex" also

@@ -185,13 +185,7 @@ class LogitSpecProposer:
 
     # -- internals -----------------------------------------------------------------
 
-    def _check_layout(self) -> None:
-        # the KV cache exists only after start-up
-        if self.tree_enabled and not self.tree_context.layout_checked:
-            self.tree_enabled = tree_support.layout_ok(self.tree_context)
-
     def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu):
-        self._check_layout()
         batch = self._runner.input_batch
         req_ids = batch.req_ids
         self._release_finished(batch.req_id_to_index)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_echo.algos.tree import ancestor_mask, tree_depths
+from vllm_echo.algos.tree import tree_depths
 
 
 @dataclass
@@ -36,8 +36,6 @@ class TreeRows:
     context_len: int       # tokens already in the KV cache before this step (C)
     token_ids: np.ndarray  # scheduled nodes (n)
     parents: np.ndarray    # their parents
-    ancestors: Any         # torch.bool [n+1, n+1]: row r sees column c
-    recompute: Any         # torch.long: query rows (relative) the native kernel gets wrong
 
     @property
     def num_rows(self) -> int:
@@ -54,9 +52,12 @@ class StepTrees:
     # ``captured`` (layer name -> K/V of all_rows).
     attention_layers: list[Any] = field(default_factory=list)
     captured: dict[str, tuple] = field(default_factory=dict)
-    # Set when a tree part of the step failed (positions, mask, recomputed rows):
+    # Set when a tree part of the step failed (positions, mask, the rows' second kernel calls):
     # its tree requests then accept no draft, whose verdict needs only the root row.
     failed: bool = False
+    # CPU: the native kernel's calls for the tree rows (cpu_tree_attention.PathWaves),
+    # planned by the first attention layer of the step.
+    cpu_waves: Any = None
     # FLEX_ATTENTION (flex_tree_attention.py): the step's mask tables, the KV slots of
     # all_rows and every attention layer's cache, for the mask and the compaction.
     mask_tables: Any = None
@@ -71,7 +72,7 @@ class TreeContext:
 
     One step's path through it: the proposer writes ``trees``; the runner's
     ``_prepare_inputs`` hook turns the scheduled ones into ``step``; the attention
-    layers read ``step`` (CPU: recompute and capture K/V; FLEX_ATTENTION: the mask);
+    layers read ``step`` (CPU: the root paths' kernel calls and K/V capture; FLEX_ATTENTION: the mask);
     the ``_sample`` hook takes ``step``, verifies, compacts the KV cache and counts;
     ECHO's proposer reads the accepted paths back from ``last_paths``.
 
@@ -93,11 +94,10 @@ class TreeContext:
     # proposer that learns from verdicts (ECHO) asks for them and pops them.
     record_paths: bool = False
     last_paths: dict[str, list[int]] = field(default_factory=dict)
-    # Set by tree_support: "cpu" or "flex" once prepare() accepted trees, the
-    # tree-checked attention layers, and whether the KV cache layout was checked.
+    # Set by tree_support: "cpu" or "flex" once prepare() accepted trees, and the
+    # tree-checked attention layers.
     mode: str | None = None
     attention_layers: list[Any] = field(default_factory=list)
-    layout_checked: bool = False
     # On CPU, what puts vLLM's CPU_ATTN back once this engine's model is built.
     restore_cpu_backend: Any = None
     # FLEX_ATTENTION: the mask tables of steps without trees (they let every row
@@ -132,8 +132,6 @@ def tree_rows(req_id: str, req_idx: int, query_start: int, context_len: int, dra
     it; -1 padding or a stale entry fails the check), and the prefix must not be a
     plain chain (those verify natively at no extra cost).
     """
-    import torch
-
     n = len(scheduled)
     if n == 0 or n > len(draft.token_ids):
         return None
@@ -144,13 +142,7 @@ def tree_rows(req_id: str, req_idx: int, query_start: int, context_len: int, dra
         return None  # not a parent-first tree over these nodes: verify as the chain it is
     if np.array_equal(parents, np.arange(-1, n - 1, dtype=parents.dtype)):
         return None
-    anc = torch.from_numpy(ancestor_mask(parents))
-    # Rows whose ancestors are exactly the rows before them are what causal
-    # attention already computes (e.g. the first branch): skip recomputing them.
-    causal = torch.ones(n + 1, n + 1, dtype=torch.bool).tril_()
-    recompute = torch.nonzero((anc != causal).any(dim=1)).flatten()
-    return TreeRows(req_id, req_idx, query_start, context_len, draft.token_ids[:n].copy(), parents,
-                    anc, recompute)
+    return TreeRows(req_id, req_idx, query_start, context_len, draft.token_ids[:n].copy(), parents)
 
 
 def positions_of(rows: TreeRows) -> np.ndarray:

@@ -159,24 +159,6 @@ def _tree_impl_class(tree_context: TreeContext) -> type:
     return TreeCPUAttentionImpl
 
 
-def layout_ok(tree_context: TreeContext) -> bool:
-    """After the KV cache exists: on CPU the cache packing of the layers' ISA must
-    decode; FLEX_ATTENTION's layout is plain [blocks, kv heads, block size, 2 x head].
-    Checked once per engine (``tree_context.layout_checked``); False switches trees off."""
-    tree_context.layout_checked = True
-    if compacts_by_slot(tree_context):
-        return True
-    from vllm_echo.plugin.cpu_tree_attention import probe_layout
-
-    layer = tree_context.attention_layers[0]
-    isa = getattr(layer, "isa", None)
-    kv = kv_caches(tree_context)[0]
-    ok = probe_layout(isa, kv.dtype, layer.impl.num_kv_heads, layer.impl.head_size, kv.shape[2])
-    if not ok:
-        _chain_mode(f"unverified KV cache layout for CPU attention ISA {isa!r}")
-    return ok
-
-
 def compactor(tree_context: TreeContext) -> Callable:
     """The KV compaction for the engine's backend, looked up here (load_model), so a
     module function replaced before (tests/vllm/flaky_proposer.py) is the one used."""
