@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Tree rows on vLLM's CPU kernel (cpu_tree_attention.PathWaves): each row's output
-equals attention over the context and its own root path, computed in float64 from the
-same K/V; the paged cache ends as vLLM wrote it. Real vLLM CPU ops, no engine."""
+"""A step with trees on vLLM's CPU kernel (cpu_tree_attention.PathWaves): each row's
+output equals attention over its request's context and its own root path (a plain row:
+its causal prefix), computed in float64 from the same K/V; padding rows are left alone
+and the paged cache ends as vLLM wrote it. Real vLLM CPU ops, no engine."""
 
 from types import SimpleNamespace
 
@@ -46,9 +47,10 @@ def test_tree_rows_match_attention_over_context_and_root_path(dtype):
     query_start = np.concatenate([[0], np.cumsum(num_rows)])
     block_ids = torch.randperm(NUM_BLOCKS - 1, generator=gen)[:12].view(3, 4) + 1
     tokens = int(query_start[-1])
-    key = torch.randn(tokens, KV_HEADS, HEAD_SIZE, generator=gen).to(dtype)
-    value = torch.randn(tokens, KV_HEADS, HEAD_SIZE, generator=gen).to(dtype)
-    query = torch.randn(tokens, HEADS, HEAD_SIZE, generator=gen).to(dtype)
+    padded = tokens + 2  # rows past num_actual_tokens: vLLM's padding
+    key = torch.randn(padded, KV_HEADS, HEAD_SIZE, generator=gen).to(dtype)
+    value = torch.randn(padded, KV_HEADS, HEAD_SIZE, generator=gen).to(dtype)
+    query = torch.randn(padded, HEADS, HEAD_SIZE, generator=gen).to(dtype)
     kv_cache = torch.zeros(NUM_BLOCKS, KV_HEADS, BLOCK_SIZE, 2 * HEAD_SIZE, dtype=dtype)
     key_cache, value_cache = kv_cache.view(
         NUM_BLOCKS, KV_HEADS, 2 * BLOCK_SIZE, HEAD_SIZE).chunk(2, dim=2)
@@ -66,35 +68,41 @@ def test_tree_rows_match_attention_over_context_and_root_path(dtype):
         context_kv.append((k, v))
     slot_mapping = torch.cat([slots(req, contexts[req] + torch.arange(num_rows[req]))
                               for req in range(3)])
-    ops.cpu_attn_reshape_and_cache(key, value, key_cache, value_cache, slot_mapping, isa)
+    ops.cpu_attn_reshape_and_cache(key[:tokens], value[:tokens], key_cache, value_cache,
+                                   slot_mapping, isa)
     cache_as_written = kv_cache.clone()
 
     trees = [_tree(req, int(query_start[req]), contexts[req], p)
              for req, p in trees_parents.items()]
-    metadata = SimpleNamespace(slot_mapping=slot_mapping, block_table=block_ids.to(torch.int32))
+    metadata = SimpleNamespace(
+        slot_mapping=slot_mapping, block_table=block_ids.to(torch.int32), causal=True,
+        dynamic_causal=None, num_actual_tokens=tokens,
+        query_start_loc=torch.from_numpy(query_start.astype(np.int32)),
+        seq_lens=torch.tensor(contexts, dtype=torch.int32) + torch.tensor(num_rows,
+                                                                          dtype=torch.int32))
     impl = SimpleNamespace(num_heads=HEADS, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE,
                            scale=HEAD_SIZE ** -0.5, kv_cache_dtype="auto")
     layer = SimpleNamespace(isa=isa, _k_scale_float=1.0, _v_scale_float=1.0)
-    out = torch.full((tokens, HEADS, HEAD_SIZE), float("nan"), dtype=dtype)
+    out = torch.full((padded, HEADS, HEAD_SIZE), float("nan"), dtype=dtype)
     PathWaves.build(trees, metadata).run(impl, layer, query, key, value, key_cache,
                                          value_cache, metadata, out)
 
     assert torch.equal(kv_cache, cache_as_written)
-    for tree in trees:
-        k_ctx, v_ctx = context_kv[tree.req_idx]
-        qs, ctx = tree.query_start, tree.context_len
-        anc = torch.from_numpy(ancestor_mask(tree.parents))
-        for r in range(1 + causal_prefix_length(tree.parents), tree.num_rows):
-            keys = torch.cat([k_ctx, key[qs:qs + tree.num_rows][anc[r]]]).double()
-            values = torch.cat([v_ctx, value[qs:qs + tree.num_rows][anc[r]]]).double()
+    assert torch.isnan(out[tokens:].float()).all()
+    ancestors = {0: torch.ones(1, 1, dtype=torch.bool)}
+    ancestors.update({tree.req_idx: torch.from_numpy(ancestor_mask(tree.parents))
+                      for tree in trees})
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    for req, anc in ancestors.items():
+        k_ctx, v_ctx = context_kv[req]
+        qs, n = int(query_start[req]), num_rows[req]
+        for r in range(n):
+            keys = torch.cat([k_ctx, key[qs:qs + n][anc[r]]]).double()
+            values = torch.cat([v_ctx, value[qs:qs + n][anc[r]]]).double()
             keys = keys.repeat_interleave(HEADS // KV_HEADS, dim=1)
             values = values.repeat_interleave(HEADS // KV_HEADS, dim=1)
             q = query[qs + r].double()
             weights = torch.softmax(torch.einsum("hd,thd->ht", q, keys) * HEAD_SIZE ** -0.5, -1)
             expected = torch.einsum("ht,thd->hd", weights, values)
-            tolerance = 1e-4 if dtype == torch.float32 else 2e-2
             torch.testing.assert_close(out[qs + r].double(), expected, atol=tolerance,
-                                       rtol=tolerance, msg=f"request {tree.req_idx} row {r}")
-    # rows causal attention gets right are left to the main call
-    untouched = [0, 1, 2, 3, 4, 9, 10]
-    assert torch.isnan(out[untouched].float()).all()
+                                       rtol=tolerance, msg=f"request {req} row {r}")

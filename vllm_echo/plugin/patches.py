@@ -76,10 +76,11 @@ themselves off (same log line and counter) on a call they do not understand.
    ``CPUFlexAttentionBackend`` (registry override; tree mode on CPU only, registered
    from the proposer's __init__ in the worker, put back in its ``load_model``)
    What: ``"tree_attention": "native"``: a subclass of the CPU backend whose impl
-      runs the native kernel, then runs it again for the rows of tree requests that
-      causal attention gets wrong, each root path off the first branch as a chain
-      over the request's own tree slots (its K/V written there, then the tree rows'
-      written back: cpu_tree_attention.PathWaves), and captures tree rows' K/V in
+      runs the native kernel once as vLLM does less the rows of tree requests that
+      causal attention gets wrong, then once per root path off the first branch, as
+      a chain over the request's own tree slots (its K/V written there, then the
+      tree rows' written back: cpu_tree_attention.PathWaves), and captures tree
+      rows' K/V in
       ``do_kv_cache_update`` for compaction. Each impl reads its engine's step
       through its own ``tree_context`` (set by tree_support.check_model in
       ``load_model``), and one without it is plain CPU_ATTN.
@@ -103,8 +104,10 @@ themselves off (same log line and counter) on a call they do not understand.
       scheduler metadata a native call needs), flex_attention.py:676-806
       (_build_block_mask_direct), :1225-1243 (do_kv_cache_update),
       v1/attention/selector.py:203 (the cache).
-   Drift: a failed path call marks the step failed (its trees accept no draft; the
-      root row's K/V is never rewritten, the others are written back even then); a
+   Drift: a failed call marks the step failed and runs vLLM's own call (every row
+      causal; its trees accept no draft; the root row's K/V is never rewritten, the
+      others are written back even then); metadata that is not plain causal fails
+      the same way; a
       failed K/V capture leaves that layer out, and compaction, which checks that
       every attention layer was captured, refuses: only nodes already in place
       are kept. Without the selector cache's ``cache_clear`` a second engine in one
@@ -225,7 +228,8 @@ Private vLLM attributes read (vLLM 0.32 names), where, and what happens without 
   ``kv_cache_dtype``, ``num_kv_heads``, ``head_size``, ``sliding_window``,
   ``alibi_slopes``, ``logits_soft_cap``, ``sinks`` -> chain mode. ``isa`` (set by the
   CPU metadata builder after start-up), the impl's ``scale`` and ``num_heads``, the
-  CPU metadata's ``slot_mapping`` and ``block_table``, and ``vllm.envs``
+  CPU metadata's ``slot_mapping``, ``block_table``, ``query_start_loc``, ``seq_lens``,
+  ``num_actual_tokens``, ``causal`` and ``dynamic_causal``, and ``vllm.envs``
   ``VLLM_CPU_ATTN_SPLIT_KV`` are read per step under the entry-4 fallbacks.
 - FlexAttentionMetadata ``_convert_physical_to_logical`` (probed, entry 8),
   ``doc_ids``, ``uses_paged_kv``, ``persistent_doc_ids`` (per step, entry 8 fallback;
