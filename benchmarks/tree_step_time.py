@@ -4,7 +4,8 @@
 Every decode step each request verifies a draft of fixed shape and size (capacity C:
 C - 1 drafts and the root) whose tokens are never accepted, so every step does the
 same work: a tree of two equal branches from the root (half its rows leave the first
-branch: the rows the native path verifies again, as a chain), or a chain of the same C - 1 drafts.
+branch: the rows the native path verifies in a second call, as a chain), or a chain of
+the same C - 1 drafts.
 Contexts are synthetic token ids; prefix caching is off. Reported: the median wall
 time of an engine step once every request decodes, per (path, C, batch, context),
 and each path's ratio to the chain measured in the same round.

@@ -18,10 +18,11 @@ from vllm_echo.config import (ADDITIONAL_CONFIG_KEY, DEFAULT_NUM_SPECULATIVE_TOK
 
 logger = logging.getLogger("vllm.vllm_echo")
 
-# On a CPU every verified token is compute and the CPU tree path verifies each root
-# path off the first branch again, so plain LogitSpec verifies one chain per request there unless the user
-# asks for trees ("tree": true or a "capacity"); trees asked for without a capacity
-# get the smallest that paid (benchmarks/README.md). ECHO chooses trees or chains per
+# On a CPU every verified token is compute and each root path off a tree's first
+# branch costs another kernel call over the context: trees pay where answers copy the
+# prompt and lose where they don't, so plain LogitSpec verifies one chain per request
+# there unless the user asks for trees ("tree": true or a "capacity"); trees asked for
+# without a capacity get the smallest that paid (benchmarks/README.md). ECHO chooses trees or chains per
 # step from the measured cost. GPUs keep the reference trees of capacity 64.
 CPU_LOGITSPEC_CAPACITY = 8
 # ECHO sizes its drafts itself; on the CPU it verifies long chains only where answers

@@ -52,8 +52,8 @@ class StepTrees:
     # ``captured`` (layer name -> K/V of all_rows).
     attention_layers: list[Any] = field(default_factory=list)
     captured: dict[str, tuple] = field(default_factory=dict)
-    # Set when a tree part of the step failed (positions, mask, the rows' second kernel calls):
-    # its tree requests then accept no draft, whose verdict needs only the root row.
+    # Set when a tree part of the step failed (positions, mask, the tree rows' kernel
+    # calls): its tree requests then accept no draft, whose verdict needs only the root row.
     failed: bool = False
     # CPU: the native kernel's calls for the tree rows (cpu_tree_attention.PathWaves),
     # planned by the first attention layer of the step.
@@ -72,7 +72,8 @@ class TreeContext:
 
     One step's path through it: the proposer writes ``trees``; the runner's
     ``_prepare_inputs`` hook turns the scheduled ones into ``step``; the attention
-    layers read ``step`` (CPU: the root paths' kernel calls and K/V capture; FLEX_ATTENTION: the mask);
+    layers read ``step`` (CPU: the native calls with tree rows and K/V capture;
+    FLEX_ATTENTION: the mask);
     the ``_sample`` hook takes ``step``, verifies, compacts the KV cache and counts;
     ECHO's proposer reads the accepted paths back from ``last_paths``.
 
