@@ -150,8 +150,7 @@ class PathWaves:
         query_start_loc = attn_metadata.query_start_loc.numpy()
         causal = _Wave(
             _Rows(np.flatnonzero(causal_rows)),
-            torch.from_numpy((query_start_loc - np.concatenate([[0], np.cumsum(removed)]))
-                             .astype(np.int32)),
+            torch.from_numpy(query_start_loc - _starts(removed)),
             attn_metadata.seq_lens - torch.from_numpy(removed).to(attn_metadata.seq_lens.dtype),
             None)
         waves = []
@@ -171,7 +170,7 @@ class PathWaves:
                 requests.append(tree.req_idx)
             waves.append(_Wave(
                 _Rows(np.concatenate(queries)),
-                torch.from_numpy(np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)),
+                torch.from_numpy(_starts(q_lens)),
                 torch.tensor(seq_lens, dtype=torch.int32),
                 torch.tensor(requests, dtype=torch.long),
                 _Rows(np.concatenate(writes)),
@@ -201,6 +200,11 @@ class PathWaves:
             if len(self.restores):
                 write(self.restores.take(key), self.restores.take(value),
                       slot_mapping=self.restore_slots)
+
+
+def _starts(lengths) -> np.ndarray:
+    """int32 start offsets of consecutive runs of these lengths, and their end."""
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
 
 
 def _attend(wave: _Wave, impl: CPUAttentionBackendImpl, layer, query, key_cache, value_cache,
