@@ -38,6 +38,21 @@ def test_ties_rank_the_lower_id_first_and_any_order_of_values_works():
     np.testing.assert_allclose(logp, _reference(logits, [0, 1, 2], 5)[1], atol=1e-5)
 
 
+@pytest.mark.parametrize("k", [1, 8, 64])
+def test_ties_across_blocks_of_a_full_vocabulary(k):
+    # few distinct values: the k-th largest is tied in many blocks, and only the
+    # lower ids of the tie may enter
+    rng = np.random.default_rng(k)
+    logits = rng.integers(0, 6, (2, 49152)).astype(np.float32)
+    logits[1, rng.integers(0, 49152, 200)] = 7.0
+    logits[1, -3:] = 9.0  # the best tokens in the last, partial block of the row
+    logits = np.concatenate([logits, np.zeros((2, 5), np.float32)], axis=1)
+    ids, logp = top_logprobs(logits, [0, 1], k)
+    want_ids, want_logp = _reference(logits, [0, 1], k)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_allclose(logp, want_logp, atol=1e-5, rtol=0)
+
+
 def test_masked_tokens_carry_no_mass_and_k_is_capped_by_the_vocabulary():
     logits = np.array([[-np.inf, 1.0, -np.inf, 0.0]], np.float32)
     ids, logp = top_logprobs(logits, [0], 8)

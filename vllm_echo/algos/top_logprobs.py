@@ -5,9 +5,9 @@ LogitSpec's next-next heads need, for each request, the top-k of the target's la
 logits and their log-softmax. In torch that is a top-k and a log-sum-exp over the
 vocabulary, two parallel reductions whose worker threads have gone idle while the
 engine ran its Python between the forward and the proposer; waking them costs more
-than the reductions. Here both run on the calling thread: a bounded min-heap for the
-top-k (one comparison per token, a sift only for the few that enter it) and a
-vectorised sum of exponentials.
+than the reductions. Here both run on the calling thread: a vectorised pass for the
+maximum of each block of tokens, a bounded min-heap for the top-k over the few blocks
+whose maximum can place a token in it, and a vectorised sum of exponentials.
 
 No vectorised ``exp`` is at hand for numba without Intel's SVML, so the sum uses
 exp(y) = exp(y / 256) ** 256: for y in [-60, 0] (a token 60 nats below the best adds
@@ -88,11 +88,67 @@ def _top_k_row(row, k, out_ids, out_values):
         _sift_down(values, ids, size - 1, 0)
 
 
+_BLOCK = 64  # tokens per block of the top-k's first pass
+_LANES = 16  # independent maxima per block, so that the pass vectorises
+
+
+@njit(cache=True, nogil=True)
+def _block_maxima(row, out):
+    """``out[b]``: the largest value of ``row[b * _BLOCK:(b + 1) * _BLOCK]``, for every
+    full block (NaNs skipped, as the heap skips them)."""
+    lanes = np.empty(_LANES, np.float32)
+    for b in range(out.size):
+        base = b * _BLOCK
+        lanes[:] = -np.inf
+        for chunk in range(0, _BLOCK, _LANES):
+            for lane in range(_LANES):
+                value = row[base + chunk + lane]
+                lanes[lane] = value if value > lanes[lane] else lanes[lane]
+        best = lanes[0]
+        for lane in range(1, _LANES):
+            best = lanes[lane] if lanes[lane] > best else best
+        out[b] = best
+
+
+@njit(cache=True, nogil=True)
+def _top_k_by_blocks(row, k, out_ids, out_values):
+    """:func:`_top_k_row`'s result, with the heap fed only the blocks whose maximum
+    reaches the k-th largest block maximum (and the last, partial block): at least k
+    tokens reach it, so a token of any other block is below the k-th largest token."""
+    blocks = row.size // _BLOCK
+    if blocks < 2 * k:  # too few blocks to leave any out
+        _top_k_row(row, k, out_ids, out_values)
+        return
+    maxima = np.empty(blocks, np.float32)
+    _block_maxima(row, maxima)
+    block_ids = np.empty(k, np.int32)
+    block_values = np.empty(k, np.float32)
+    _top_k_row(maxima, k, block_ids, block_values)
+    threshold = block_values[k - 1]
+    size = row.size - blocks * _BLOCK
+    for b in range(blocks):
+        if maxima[b] >= threshold:
+            size += _BLOCK
+    values = np.empty(size, np.float32)
+    ids = np.empty(size, np.int64)
+    size = 0
+    for b in range(blocks + 1):  # ascending ids: the heap's ties still go to the lower
+        if b == blocks or maxima[b] >= threshold:
+            for j in range(b * _BLOCK, min((b + 1) * _BLOCK, row.size)):
+                values[size] = row[j]
+                ids[size] = j
+                size += 1
+    picked = np.empty(k, np.int32)
+    _top_k_row(values, k, picked, out_values)
+    for j in range(k):
+        out_ids[j] = ids[picked[j]]
+
+
 @njit(cache=True, nogil=True)
 def _top_logprobs(logits, rows, k, out_ids, out_logp):
     for i in range(rows.size):
         row = logits[rows[i]]
-        _top_k_row(row, k, out_ids[i], out_logp[i])
+        _top_k_by_blocks(row, k, out_ids[i], out_logp[i])
         peak = out_logp[i, 0]
         if np.isfinite(peak):
             norm = peak + np.log(_sum_exp_below(row, peak))

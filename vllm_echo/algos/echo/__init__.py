@@ -16,7 +16,8 @@ Per step, for a batch of retrieval forests:
    :meth:`Calibrator.observe` (warm-up), :meth:`EchoStepStats.record_step`.
 """
 
-from vllm_echo.algos.echo import budget, cost, forest_scoring, pricing, scores, stats
+from vllm_echo.algos.echo import (budget, calibration, cost, forest_scoring, pricing, scores,
+                                  stats)
 from vllm_echo.algos.echo.budget import (BudgetResult, CandidateTree, schedule_budget,
                                          subtree)
 from vllm_echo.algos.echo.calibration import (DEFAULT_GATE, Calibrator, GateConfig,
@@ -43,5 +44,5 @@ __all__ = [
 def warm_up() -> None:
     """Compile (or load from numba's cache) every kernel a planning step runs, so that
     no decode step pays for it."""
-    for module in (budget, cost, forest_scoring, pricing, scores, stats):
+    for module in (budget, calibration, cost, forest_scoring, pricing, scores, stats):
         module.warm_up()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
+from numba import njit
 
 SOURCES = ("default", "calibrated")
 
@@ -73,6 +74,15 @@ class GateConfig:
 # 3: 0.2, 6: 0.3}. The reference breaks on "<", ECHO's Eq. 7 keeps going on
 # ">": the two differ only at equality, and we follow Eq. 7.
 DEFAULT_GATE = GateConfig(sweet_spots=(1, 3, 6), taus=(0.2, 0.2, 0.3), source="default")
+
+
+@njit(cache=True)
+def _all_probabilities(values):
+    """Every value in [0, 1] (a little over 1 allowed for rounding; NaN is not)."""
+    for value in values:
+        if not 0.0 <= value <= 1.0 + 1e-9:
+            return False
+    return True
 
 
 def _as_scores(values, name: str) -> np.ndarray:
@@ -203,7 +213,7 @@ class Calibrator:
         if conf.shape != (self.max_depth, ):
             raise ValueError(f"confidence_by_depth has shape {conf.shape}, "
                              f"expected ({self.max_depth},)")
-        if np.isnan(conf).any() or (conf < 0).any() or (conf > 1 + 1e-9).any():
+        if not _all_probabilities(conf):
             raise ValueError("confidences must be probabilities in [0, 1]")
         reached = int(reached_depth)
         if reached < 0:
@@ -281,3 +291,8 @@ class Calibrator:
         lines.append(f"  -> default gate {DEFAULT_GATE.sweet_spots} "
                      f"taus {DEFAULT_GATE.taus}: {reason}")
         return self.gate, "\n".join(lines)
+
+
+def warm_up() -> None:
+    """Compile the probability check (a decode step should not pay for it)."""
+    _all_probabilities(np.zeros(1))

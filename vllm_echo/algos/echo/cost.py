@@ -19,6 +19,9 @@ from vllm_echo.algos.echo.pricing import step_time
 # the fit are left out of the refit (a step that the machine or the engine stalled).
 _OUTLIER_SDS = 3.0
 _GAUSS_NEWTON_STEPS = 12
+# A Gauss-Newton step moving no parameter by more than this ends the fit (the error
+# left is a small fraction of it, far below what moves a decision).
+_CONVERGED = 1e-9
 
 
 class CostModel:
@@ -191,34 +194,36 @@ def _solve3(m, v):
 
 
 @njit(cache=True)
-def _gauss_newton(h, r, d, log_t, weight, start, free):
+def _gauss_newton(h, r, d, prev, cur, w_sum, w_log_sum, w_log2_sum, start, free):
     """(beta, gamma, delta) >= 0 minimising the weighted squared error of
     log(t_i / t_{i-1}) against log(F_i / F_{i-1}), F = 1 + beta h + gamma r + delta d,
-    over consecutive samples (``weight[i]`` weighs the pair ending at i), from ``start``
-    and moving only the ``free`` ones; that error, and each pair's residual."""
+    over consecutive samples, from ``start`` and moving only the ``free`` ones; that
+    error, and log F of each kind of step.
+
+    F depends on a sample only through its kind (``h``, ``r``, ``d`` per kind), so the
+    pairs come summed by kinds: pair type p goes from kind ``prev[p]`` to ``cur[p]``,
+    with the sums of its pairs' weights, weighted log ratios and their squares: the
+    same sums as pair by pair, with a logarithm per kind instead of per sample."""
     theta = start.copy()
+    kinds = h.size
+    f = np.zeros(kinds)
+    jac = np.zeros((kinds, 3))
     jtj = np.zeros((3, 3))
     jte = np.zeros(3)
     dj = np.zeros(3)
-    prev = np.zeros(3)
-    m = h.size
     for _ in range(_GAUSS_NEWTON_STEPS):
+        _log_shape(theta, h, r, d, f, jac)
         jtj[:] = 0.0
         jte[:] = 0.0
-        prev_f = 0.0
-        for i in range(m):
-            shape = 1.0 + theta[0] * h[i] + theta[1] * r[i] + theta[2] * d[i]
-            f = np.log(shape)
-            j0, j1, j2 = h[i] / shape, r[i] / shape, d[i] / shape
-            if i > 0 and weight[i] > 0:
-                err = log_t[i] - log_t[i - 1] - (f - prev_f)
-                dj[0], dj[1], dj[2] = j0 - prev[0], j1 - prev[1], j2 - prev[2]
-                for a in range(3):
-                    jte[a] += weight[i] * err * dj[a]
-                    for b in range(3):
-                        jtj[a, b] += weight[i] * dj[a] * dj[b]
-            prev_f = f
-            prev[0], prev[1], prev[2] = j0, j1, j2
+        for p in range(prev.size):
+            a, b = prev[p], cur[p]
+            residual = w_log_sum[p] - w_sum[p] * (f[b] - f[a])  # sum of weight x error
+            for k in range(3):
+                dj[k] = jac[b, k] - jac[a, k]
+            for k in range(3):
+                jte[k] += residual * dj[k]
+                for m in range(3):
+                    jtj[k, m] += w_sum[p] * dj[k] * dj[m]
         for k in range(3):
             if not free[k]:  # held: no step in its direction
                 jtj[k, :] = 0.0
@@ -232,30 +237,37 @@ def _gauss_newton(h, r, d, log_t, weight, start, free):
             new = max(theta[k] + step[k], 0.0)  # time never falls with more work
             moved = max(moved, abs(new - theta[k]))
             theta[k] = new
-        if moved < 1e-12:
+        if moved < _CONVERGED:
             break
+    _log_shape(theta, h, r, d, f, jac)
     sse = 0.0
-    prev_f = 0.0
-    errors = np.zeros(m)
-    for i in range(m):
-        f = np.log(1.0 + theta[0] * h[i] + theta[1] * r[i] + theta[2] * d[i])
-        if i > 0:
-            errors[i] = log_t[i] - log_t[i - 1] - (f - prev_f)
-            sse += weight[i] * errors[i] ** 2
-        prev_f = f
-    return theta, sse, errors
+    for p in range(prev.size):
+        change = f[cur[p]] - f[prev[p]]
+        sse += w_log2_sum[p] - 2.0 * change * w_log_sum[p] + w_sum[p] * change * change
+    return theta, sse, f
 
 
 @njit(cache=True)
-def _fit_knees(n, r, d, log_t, knots, weight, start, free):
+def _log_shape(theta, h, r, d, f, jac):
+    """log F per kind into ``f``, and its gradient in (beta, gamma, delta) into ``jac``."""
+    for k in range(h.size):
+        shape = 1.0 + theta[0] * h[k] + theta[1] * r[k] + theta[2] * d[k]
+        f[k] = np.log(shape)
+        jac[k, 0], jac[k, 1], jac[k, 2] = h[k] / shape, r[k] / shape, d[k] / shape
+
+
+@njit(cache=True)
+def _fit_knees(n, r, d, prev, cur, w_sum, w_log_sum, w_log2_sum, knots, start, free):
     best_sse, best_knee, best_theta = np.inf, 0.0, start.copy()
-    best_errors = np.zeros(n.size)
+    best_f = np.zeros(n.size)
+    theta = start
     for knee in knots:  # ascending: ties keep the smaller knee (it prices more)
-        theta, sse, errors = _gauss_newton(np.maximum(n - knee, 0.0), r, d, log_t, weight,
-                                           start, free)
+        # Each knee's fit starts from the last one's: neighbouring knees fit alike.
+        theta, sse, f = _gauss_newton(np.maximum(n - knee, 0.0), r, d, prev, cur, w_sum,
+                                      w_log_sum, w_log2_sum, theta, free)
         if sse < best_sse - 1e-15:
-            best_sse, best_knee, best_theta, best_errors = sse, knee, theta, errors
-    return best_knee, best_theta, best_errors
+            best_sse, best_knee, best_theta, best_f = sse, knee, theta, f
+    return best_knee, best_theta, best_f
 
 
 def _fit_shape(n: np.ndarray, r: np.ndarray, d: np.ndarray, log_t: np.ndarray,
@@ -264,14 +276,28 @@ def _fit_shape(n: np.ndarray, r: np.ndarray, d: np.ndarray, log_t: np.ndarray,
     """(knee, (beta, gamma, delta)) from the log time ratios of consecutive samples
     (``weight[i]``: the pair ending at sample i, 0 where it is no pair), refitted once
     without the pairs far off the first fit."""
-    weight = weight.copy()
-    knee, theta, errors = _fit_knees(n, r, d, log_t, knots, weight, start, free)
-    used = errors[1:][weight[1:] > 0]
+    # Kinds of step (n, r, d), and the pairs' types (kind before, kind after).
+    key = (n * (r.max() + 1.0) + r) * 2.0 + d
+    kinds, first, kind_of = np.unique(key, return_index=True, return_inverse=True)
+    pair_key = kind_of[:-1] * kinds.size + kind_of[1:]
+    types, type_of = np.unique(pair_key, return_inverse=True)
+    prev, cur = types // kinds.size, types % kinds.size
+    log_ratio = log_t[1:] - log_t[:-1]
+    n_k, r_k, d_k = n[first], r[first], d[first]
+
+    def fit(w: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        sums = [np.bincount(type_of, w * x, minlength=types.size)
+                for x in (1.0, log_ratio, log_ratio * log_ratio)]
+        return _fit_knees(n_k, r_k, d_k, prev, cur, *sums, knots, start, free)
+
+    pair_weight = weight[1:]
+    knee, theta, f = fit(pair_weight)
+    errors = log_ratio - (f[kind_of[1:]] - f[kind_of[:-1]])
+    used = errors[pair_weight > 0]
     spread = 1.4826 * float(np.median(np.abs(used - np.median(used)))) if used.size else 0.0
     far = np.abs(errors) > _OUTLIER_SDS * spread
-    if spread > 0 and far[1:].any():
-        weight[far] = 0.0
-        knee, theta, _ = _fit_knees(n, r, d, log_t, knots, weight, start, free)
+    if spread > 0 and far.any():
+        knee, theta, _ = fit(np.where(far, 0.0, pair_weight))
     return knee, theta
 
 

@@ -137,8 +137,17 @@ def count_tree_observations(total, accepted, parents, depths, match_len, eligibl
     return recorded
 
 
+@njit(cache=True)
+def has_child_token(parents, token_ids, parent, token):
+    """Whether a child of node ``parent`` (-1: the root) carries ``token``."""
+    for j in range(parents.size):
+        if parents[j] == parent and token_ids[j] == token:
+            return True
+    return False
+
+
 def warm_up() -> None:
-    """Compile both kernels (a decode step should not pay for it)."""
+    """Compile the kernels (a decode step should not pay for it)."""
     parents = np.array([-1, 0, -1], dtype=np.int64)
     table = np.full((2, 3), 0.5)
     score_forest(parents, np.array([-1, -1, 0], dtype=np.int64),
@@ -150,3 +159,5 @@ def warm_up() -> None:
                             np.array([1, 2, 1], dtype=np.int64), np.ones(3, dtype=np.bool_),
                             np.array([0], dtype=np.int64), np.array([5, 6, 7], dtype=np.int64),
                             6)
+    forest = np.array([-1, 0, -1], dtype=np.int32)  # the forests' own dtype
+    has_child_token(forest, np.array([5, 6, 7], dtype=np.int32), 0, 6)

@@ -44,7 +44,7 @@ from vllm_echo.algos.echo.budget import (CandidateTree, concatenate, reindex_sel
                                          split_selection)
 from vllm_echo.algos.echo.calibration import Calibrator, GateConfig
 from vllm_echo.algos.echo.cost import CostModel
-from vllm_echo.algos.echo.forest_scoring import score_forest
+from vllm_echo.algos.echo.forest_scoring import has_child_token, score_forest
 from vllm_echo.algos.echo.gate import gate_checks
 from vllm_echo.algos.echo.pricing import break_even_probability, choose_nodes
 from vllm_echo.algos.echo.scores import AcceptancePrior, AcceptedOverExpected
@@ -138,8 +138,9 @@ class Plan:
         if self.keep is None:
             return reached, MAX_DEPTH
         end = int(self.keep[path[reached - 1]]) if reached else -1
-        went_on = self.candidate_tokens[self.candidate_parents == end] == next_token
-        return (reached + 1, reached + 1) if went_on.any() else (reached, MAX_DEPTH)
+        went_on = has_child_token(self.candidate_parents, self.candidate_tokens, end,
+                                  int(next_token))
+        return (reached + 1, reached + 1) if went_on else (reached, MAX_DEPTH)
 
 
 @dataclass
