@@ -22,8 +22,9 @@ logger = logging.getLogger("vllm.vllm_echo")
 # branch costs another kernel call over the context: trees pay where answers copy the
 # prompt and lose where they don't, so plain LogitSpec verifies one chain per request
 # there unless the user asks for trees ("tree": true or a "capacity"); trees asked for
-# without a capacity get the smallest that paid (benchmarks/README.md). ECHO chooses trees or chains per
-# step from the measured cost. GPUs keep the reference trees of capacity 64.
+# without a capacity get the smallest that paid (benchmarks/README.md). ECHO chooses
+# trees or chains per step from the measured cost. GPUs keep the reference trees of
+# capacity 64.
 CPU_LOGITSPEC_CAPACITY = 8
 # ECHO sizes its drafts itself; on the CPU it verifies long chains only where answers
 # copy the prompt (there a 16-node forest capped them), never 64-node forests, whose

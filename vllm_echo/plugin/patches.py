@@ -75,15 +75,14 @@ themselves off (same log line and counter) on a call they do not understand.
 4. ``AttentionBackendEnum.CPU_ATTN`` -> ``TreeCPUAttentionBackend`` or
    ``CPUFlexAttentionBackend`` (registry override; tree mode on CPU only, registered
    from the proposer's __init__ in the worker, put back in its ``load_model``)
-   What: ``"tree_attention": "native"``: a subclass of the CPU backend whose impl
-      runs the native kernel once as vLLM does less the rows of tree requests that
-      causal attention gets wrong, then once per root path off the first branch, as
-      a chain over the request's own tree slots (its K/V written there, then the
-      tree rows' written back: cpu_tree_attention.PathWaves), and captures tree
-      rows' K/V in
-      ``do_kv_cache_update`` for compaction. Each impl reads its engine's step
-      through its own ``tree_context`` (set by tree_support.check_model in
-      ``load_model``), and one without it is plain CPU_ATTN.
+   What: ``"tree_attention": "native"``: a subclass of the CPU backend whose impl runs
+      the native kernel once as vLLM does less the rows of tree requests that causal
+      attention gets wrong, then once per root path off the first branch, as a chain
+      over the request's own tree slots (its K/V written there, then the tree rows'
+      written back: cpu_tree_attention.PathWaves), and captures tree rows' K/V in
+      ``do_kv_cache_update`` for compaction. Each impl reads its engine's step through
+      its own ``tree_context`` (set by tree_support.check_model in ``load_model``), and
+      one without it is plain CPU_ATTN.
       ``"flex"``: vLLM's FlexAttention backend (cpu_flex_attention.py) with a torch
       cache write where ``reshape_and_cache_flash`` is missing (the CPU wheel), and
       block masks padded to one shape: the whole cache's blocks by the most query
@@ -106,13 +105,12 @@ themselves off (same log line and counter) on a call they do not understand.
       v1/attention/selector.py:203 (the cache).
    Drift: a failed call marks the step failed and runs vLLM's own call (every row
       causal; its trees accept no draft; the root row's K/V is never rewritten, the
-      others are written back even then); metadata that is not plain causal fails
-      the same way; a
-      failed K/V capture leaves that layer out, and compaction, which checks that
-      every attention layer was captured, refuses: only nodes already in place
-      are kept. Without the selector cache's ``cache_clear`` a second engine in one
-      process keeps the first one's backend: tree_support.check_model then finds an
-      impl that is not tree-capable and keeps that engine in chain mode.
+      others are written back even then); metadata that is not plain causal fails the
+      same way; a failed K/V capture leaves that layer out, and compaction, which checks
+      that every attention layer was captured, refuses: only nodes already in place are
+      kept. Without the selector cache's ``cache_clear`` a second engine in one process
+      keeps the first one's backend: tree_support.check_model then finds an impl that is
+      not tree-capable and keeps that engine in chain mode.
    Remove when: the CPU attention kernel takes a per-request tree mask (or vLLM's
       CPU backend verifies spec-decode trees itself); for "flex", when vLLM's CPU
       platform offers FLEX_ATTENTION with a cache write, and inductor's CPU
