@@ -7,7 +7,7 @@ from vllm_echo.algos.echo.calibration import GateConfig
 from vllm_echo.algos.echo.forest_scoring import count_tree_observations, score_forest
 from vllm_echo.algos.echo.gate import gate_checks
 from vllm_echo.algos.echo.planner import _HEAD_P_EDGES, head_bucket
-from vllm_echo.algos.echo.scores import AcceptancePrior
+from vllm_echo.algos.echo.scores import AcceptancePrior, observe_retrieved_and_heads
 from vllm_echo.algos.tree import tree_depths
 from echo_reference import (depth_confidence, exclusive_sibling_logp, observe_tree, path_scores,
                             truncation_depth)
@@ -106,6 +106,40 @@ def test_compiled_observations_equal_observe_tree():
     assert compiled._total.tolist() == checked._total.tolist()
     assert compiled._accepted.tolist() == checked._accepted.tolist()
     assert compiled.prob_table() == pytest.approx(checked.prob_table())
+
+
+def test_both_priors_in_one_call_equal_one_call_each():
+    rng = np.random.default_rng(5)
+    head_buckets = len(_HEAD_P_EDGES) + 1
+    separate = (AcceptancePrior(max_ngram=3, max_depth=4, optimism=1.0),
+                AcceptancePrior(max_ngram=head_buckets, max_depth=1, optimism=1.0))
+    together = (AcceptancePrior(max_ngram=3, max_depth=4, optimism=1.0),
+                AcceptancePrior(max_ngram=head_buckets, max_depth=1, optimism=1.0))
+    for _ in range(100):
+        n = int(rng.integers(1, 12))
+        parents, rank, match_len, _ = _random_forest(rng, n)
+        tokens = rng.integers(0, 5, n).astype(np.int32)
+        depths, retrieved = tree_depths(parents), rank < 0
+        buckets = np.where(retrieved, 1, rng.integers(1, head_buckets + 1, n))
+        path, node = [], -1
+        while (children := np.flatnonzero(parents == node)).size and rng.random() < 0.7:
+            node = int(rng.choice(children))
+            path.append(node)
+        # the planner's dtypes: int32 from the forest kernel
+        parents, match_len = parents.astype(np.int32), match_len.astype(np.int32)
+        next_token = int(rng.integers(0, 5))
+        separate[0].observe_tree(parents, depths, match_len, retrieved, path, tokens,
+                                 next_token)
+        separate[1].observe_tree(parents, depths, buckets, ~retrieved, path, tokens,
+                                 next_token)
+        observe_retrieved_and_heads(*together, parents, depths, match_len, buckets, retrieved,
+                                    path, tokens, next_token)
+        for one, other in zip(separate, together):
+            assert one._total.tolist() == other._total.tolist()
+            assert one._accepted.tolist() == other._accepted.tolist()
+            assert one.prob_table().tolist() == other.prob_table().tolist()
+            assert one.best_first_rate() == other.best_first_rate()
+    assert together[1]._total.sum() > 20 and together[0]._total.sum() > 100
 
 
 def test_compiled_observations_check_the_path():

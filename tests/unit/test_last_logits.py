@@ -28,9 +28,11 @@ def test_release_drops_the_logits():
     assert sink.rows_for(["a"]) is None and sink.logprobs is None
 
 
-def test_bf16_and_strided_logits_take_the_indexed_copy():
+def test_bf16_and_strided_logits_give_the_float32_result():
     full = torch.randn(3, 40)
-    for logits in (full.to(torch.bfloat16), full[:, :32]):  # vocabulary-padded view
+    # bf16 (widened in the kernel), a padded-vocabulary view and a strided bf16 view
+    # (both copied to float32 first)
+    for logits in (full.to(torch.bfloat16), full[:, :32], full.to(torch.bfloat16)[:, :32]):
         sink = LastLogitsTopK(k=3)
         sink.record(logits, torch.tensor([2, 0]), ["a", "b"])
         rows = logits[[2, 0]].float()

@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from vllm_echo.algos.top_logprobs import top_logprobs
+from vllm_echo.algos.top_logprobs import top_logprobs, top_logprobs_bfloat16
 
 
 def _reference(logits: np.ndarray, rows, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -51,6 +51,22 @@ def test_ties_across_blocks_of_a_full_vocabulary(k):
     want_ids, want_logp = _reference(logits, [0, 1], k)
     np.testing.assert_array_equal(ids, want_ids)
     np.testing.assert_allclose(logp, want_logp, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("scale", [0.5, 20.0])
+def test_bfloat16_bits_give_the_result_of_their_float32_values(scale):
+    rng = np.random.default_rng(7)
+    exact = (rng.standard_normal((3, 49152)) * scale).astype(np.float32)
+    bits = (exact.view(np.uint32) >> 16).astype(np.uint16)  # bfloat16 by truncation
+    bits[1, 100:300] = 0xFF80  # -inf: masked tokens
+    widened = (bits.astype(np.uint32) << 16).view(np.float32)
+    rows = np.array([2, 1, 2])
+    ids, logp = top_logprobs_bfloat16(bits, rows, 64)
+    want_ids, want_logp = top_logprobs(widened, rows, 64)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_array_equal(logp, want_logp)
+    with pytest.raises(ValueError, match="uint16"):
+        top_logprobs_bfloat16(bits.astype(np.int16), rows, 64)
 
 
 def test_masked_tokens_carry_no_mass_and_k_is_capped_by_the_vocabulary():

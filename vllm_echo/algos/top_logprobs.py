@@ -145,17 +145,43 @@ def _top_k_by_blocks(row, k, out_ids, out_values):
 
 
 @njit(cache=True, nogil=True)
-def _top_logprobs(logits, rows, k, out_ids, out_logp):
+def _top_logprobs_row(row, k, out_ids, out_logp):
+    _top_k_by_blocks(row, k, out_ids, out_logp)
+    peak = out_logp[0]
+    if np.isfinite(peak):
+        norm = peak + np.log(_sum_exp_below(row, peak))
+    else:  # every logit -inf (or a NaN): no distribution to normalise
+        norm = np.float32(np.nan)
+    for j in range(k):
+        out_logp[j] -= norm
+
+
+@njit(cache=True, nogil=True)
+def _check_rows(rows, num_rows):
     for i in range(rows.size):
-        row = logits[rows[i]]
-        _top_k_by_blocks(row, k, out_ids[i], out_logp[i])
-        peak = out_logp[i, 0]
-        if np.isfinite(peak):
-            norm = peak + np.log(_sum_exp_below(row, peak))
-        else:  # every logit -inf (or a NaN): no distribution to normalise
-            norm = np.float32(np.nan)
-        for j in range(k):
-            out_logp[i, j] -= norm
+        if rows[i] < 0 or rows[i] >= num_rows:
+            raise ValueError("rows must index the logits' rows")
+
+
+@njit(cache=True, nogil=True)
+def _top_logprobs(logits, rows, k, out_ids, out_logp):
+    _check_rows(rows, logits.shape[0])
+    for i in range(rows.size):
+        _top_logprobs_row(logits[rows[i]], k, out_ids[i], out_logp[i])
+
+
+@njit(cache=True, nogil=True)
+def _top_logprobs_bfloat16(bits, rows, k, out_ids, out_logp):
+    """:func:`_top_logprobs` of bfloat16 logits given as their 16-bit patterns: each
+    row is widened to float32 (exactly: a bfloat16 is a float32's upper half)."""
+    _check_rows(rows, bits.shape[0])
+    widened = np.empty(bits.shape[1], np.uint32)
+    row = widened.view(np.float32)
+    for i in range(rows.size):
+        source = bits[rows[i]]
+        for j in range(source.size):
+            widened[j] = np.uint32(source[j]) << 16
+        _top_logprobs_row(row, k, out_ids[i], out_logp[i])
 
 
 def top_logprobs(logits: np.ndarray, rows: np.ndarray, k: int
@@ -166,19 +192,33 @@ def top_logprobs(logits: np.ndarray, rows: np.ndarray, k: int
     if logits.ndim != 2 or logits.dtype != np.float32:
         raise ValueError(f"logits must be a 2-D float32 array, got {logits.ndim}-D "
                          f"{logits.dtype}")
-    rows = np.asarray(rows, dtype=np.int64)
-    if rows.size and (rows.min() < 0 or rows.max() >= logits.shape[0]):
-        raise ValueError(f"rows must index the {logits.shape[0]} logits rows, got "
-                         f"{rows.min()}..{rows.max()}")
+    return _run(_top_logprobs, logits, rows, k)
+
+
+def top_logprobs_bfloat16(bits: np.ndarray, rows: np.ndarray, k: int
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`top_logprobs` of bfloat16 logits, passed as their bit patterns (numpy has
+    no bfloat16: torch's ``logits.view(torch.uint16).numpy()``, 2-D, C-contiguous).
+    Same results as for the logits converted to float32, without that copy."""
+    if bits.ndim != 2 or bits.dtype != np.uint16 or not bits.flags.c_contiguous:
+        raise ValueError(f"bits must be a 2-D C-contiguous uint16 array (bfloat16 bit "
+                         f"patterns), got {bits.ndim}-D {bits.dtype}")
+    return _run(_top_logprobs_bfloat16, bits, rows, k)
+
+
+def _run(kernel, logits: np.ndarray, rows: np.ndarray, k: int
+         ) -> tuple[np.ndarray, np.ndarray]:
+    rows = np.asarray(rows, dtype=np.int64)  # checked by the kernel
     k = min(int(k), logits.shape[1])
     if k < 1:
         raise ValueError(f"k must be >= 1 and the vocabulary not empty, got k={k}")
     ids = np.empty((rows.size, k), np.int32)
     logp = np.empty((rows.size, k), np.float32)
-    _top_logprobs(logits, rows, k, ids, logp)
+    kernel(logits, rows, k, ids, logp)
     return ids, logp
 
 
 def warm_up() -> None:
     """Compile (or load from numba's cache) now, not inside the first decode step."""
     top_logprobs(np.zeros((1, 4), np.float32), np.zeros(1, np.int64), 2)
+    top_logprobs_bfloat16(np.zeros((1, 4), np.uint16), np.zeros(1, np.int64), 2)

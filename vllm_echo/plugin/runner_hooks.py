@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from vllm_echo.algos.top_logprobs import top_logprobs
+from vllm_echo.algos.top_logprobs import top_logprobs, top_logprobs_bfloat16
 from vllm_echo.plugin.tree_state import TreeContext, attach_to_runner, context_of_runner
 
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
@@ -180,6 +180,11 @@ class LastLogitsTopK:
         logits, rows = self._pending
         self._pending = None
         if logits.device.type == "cpu":
+            if logits.dtype == torch.bfloat16 and logits.is_contiguous():
+                # Widened row by row inside the kernel, not copied to float32 here.
+                self._token_ids, self._logprobs = top_logprobs_bfloat16(
+                    logits.view(torch.uint16).numpy(), rows.numpy(), self.k)
+                return
             if logits.dtype != torch.float32 or not logits.is_contiguous():
                 logits, rows = logits[rows].float(), torch.arange(len(rows))
             self._token_ids, self._logprobs = top_logprobs(logits.numpy(), rows.numpy(),

@@ -44,5 +44,7 @@ __all__ = [
 def warm_up() -> None:
     """Compile (or load from numba's cache) every kernel a planning step runs, so that
     no decode step pays for it."""
-    for module in (budget, calibration, cost, forest_scoring, pricing, scores, stats):
+    from vllm_echo.algos.echo import planner
+
+    for module in (budget, calibration, cost, forest_scoring, pricing, scores, stats, planner):
         module.warm_up()

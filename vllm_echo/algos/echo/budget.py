@@ -86,14 +86,13 @@ class CandidateTree:
     @classmethod
     def trusted(cls, token_ids: np.ndarray, parents: np.ndarray, scores: np.ndarray,
                 depths: np.ndarray, trunc_depth: int, confident: bool) -> "CandidateTree":
-        """Construct without the checks, for arrays valid by construction (the
-        planner's, from the forest kernel): on a small tree the checks cost more
-        than scheduling it, every step, for every request."""
+        """Construct without the checks or dtype conversions, for arrays valid by
+        construction (the planner's, from the forest kernel: int32 parents): on a small
+        tree they cost more than scheduling it, every step, for every request."""
         tree = object.__new__(cls)
-        tree.__dict__.update(token_ids=token_ids, parents=parents.astype(np.int64, copy=False),
-                             scores=scores.astype(np.float64, copy=False),
-                             depths=depths.astype(np.int64, copy=False),
-                             trunc_depth=int(trunc_depth), confident=bool(confident))
+        tree.__dict__.update(token_ids=token_ids, parents=parents, scores=scores,
+                             depths=depths, trunc_depth=int(trunc_depth),
+                             confident=bool(confident))
         return tree
 
     @property
@@ -221,14 +220,15 @@ def concatenate(trees: Sequence[CandidateTree]) -> tuple[np.ndarray, ...]:
     """The batch's trees as the compiled kernels take them: (offsets, parents, scores,
     depths, truncation depths, confident), ``offsets`` where each tree starts (and the
     end), parents local to each tree."""
+    if len(trees) == 1:  # batch 1: the tree's own arrays, no copies
+        tree = trees[0]
+        return (np.array((0, tree.size), np.int64), tree.parents, tree.scores, tree.depths,
+                np.array((tree.trunc_depth, ), np.int64), np.array((tree.confident, ), np.bool_))
     offsets = np.zeros(len(trees) + 1, np.int64)
     np.cumsum([t.size for t in trees], out=offsets[1:])
-    if len(trees) == 1:  # batch 1: the tree's own arrays, no copies
-        parents, scores, depths = trees[0].parents, trees[0].scores, trees[0].depths
-    else:
-        parents = np.concatenate([t.parents for t in trees])
-        scores = np.concatenate([t.scores for t in trees])
-        depths = np.concatenate([t.depths for t in trees])
+    parents = np.concatenate([t.parents for t in trees])
+    scores = np.concatenate([t.scores for t in trees])
+    depths = np.concatenate([t.depths for t in trees])
     return (offsets, parents, scores, depths,
             np.array([t.trunc_depth for t in trees], dtype=np.int64),
             np.array([t.confident for t in trees], dtype=np.bool_))
@@ -255,6 +255,35 @@ def reindex_selection(parents, selected):
         out[i] = ROOT if parent == ROOT else new_index[parent]
         is_chain = is_chain and out[i] == i - 1
     return out, is_chain
+
+
+@njit(cache=True)
+def select_plan_nodes(selected, token_ids, parents, depths, match_len, rank, buckets,
+                      log_probs):
+    """The planner's plan of one request in one compiled call: for the candidate nodes
+    ``selected`` (a mask, ancestor-closed), their indices, token ids, re-indexed
+    parents (:func:`reindex_selection`), depths, match lengths, whether each was
+    retrieved (rank < 0), score buckets, the accepted tokens they expect (the sum of
+    exp(log_probs)) and whether they form one root path."""
+    keep = np.flatnonzero(selected)
+    new_parents, is_chain = reindex_selection(parents, keep)
+    n = keep.size
+    tokens = np.empty(n, token_ids.dtype)
+    kept_depths = np.empty(n, depths.dtype)
+    kept_match = np.empty(n, match_len.dtype)
+    retrieved = np.empty(n, np.bool_)
+    kept_buckets = np.empty(n, buckets.dtype)
+    expected = 0.0
+    for i in range(n):
+        j = keep[i]
+        tokens[i] = token_ids[j]
+        kept_depths[i] = depths[j]
+        kept_match[i] = match_len[j]
+        retrieved[i] = rank[j] < 0
+        kept_buckets[i] = buckets[j]
+        expected += np.exp(log_probs[j])
+    return (keep, tokens, new_parents, kept_depths, kept_match, retrieved, kept_buckets,
+            expected, is_chain)
 
 
 def warm_up() -> None:

@@ -31,7 +31,7 @@ def score_forest(parents, rank, match_len, head_logp, prior_table, head_table, h
     """Score one forest. Returns ``(depths, buckets, scores, confidence, trunc_depth,
     truncated, best_root_logp)``.
 
-    ``parents``: parent-first (int64); ``rank``: top-k rank of a next-next head, -1
+    ``parents``: parent-first; ``rank``: top-k rank of a next-next head, -1
     for a retrieved token; ``match_len``: m of a retrieved token's lookup (1-based);
     ``head_logp``: log p of the top-k candidates by rank. ``buckets``: a head's 1-based
     probability bucket (1 + the number of ``head_edges`` >= p), 1 elsewhere.

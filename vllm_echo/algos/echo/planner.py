@@ -40,14 +40,14 @@ from typing import Any
 
 import numpy as np
 
-from vllm_echo.algos.echo.budget import (CandidateTree, concatenate, reindex_selection,
-                                         split_selection)
+from vllm_echo.algos.echo.budget import CandidateTree, concatenate, select_plan_nodes
 from vllm_echo.algos.echo.calibration import Calibrator, GateConfig
 from vllm_echo.algos.echo.cost import CostModel
 from vllm_echo.algos.echo.forest_scoring import has_child_token, score_forest
 from vllm_echo.algos.echo.gate import gate_checks
 from vllm_echo.algos.echo.pricing import break_even_probability, choose_nodes
-from vllm_echo.algos.echo.scores import AcceptancePrior, AcceptedOverExpected
+from vllm_echo.algos.echo.scores import (AcceptancePrior, AcceptedOverExpected,
+                                         observe_retrieved_and_heads)
 from vllm_echo.algos.echo.stats import EchoStepStats
 
 MAX_DEPTH = 32
@@ -210,7 +210,7 @@ class EchoPlanner:
                 drafts.append(_NO_DRAFT)
                 plans.append(None)
                 continue
-            plan = item.plan(np.asarray(next(shaped_iter), dtype=np.int64))
+            plan = item.plan(next(shaped_iter))
             drafts.append((plan.token_ids.astype(np.int32, copy=False),
                            plan.parents.astype(np.int32, copy=False)))
             plans.append(plan)
@@ -232,18 +232,18 @@ class EchoPlanner:
             if cand is None or len(cand.token_ids) == 0:
                 out.append(None)
                 continue
-            parents = cand.parents.astype(np.int64, copy=False)
+            # The forest's own dtypes go in as they are (int32 from the forest kernel;
+            # the kernels are compiled for them by warm_up).
             (depths, buckets, scores, confidence, trunc_depth, truncated,
-             best_root_logp) = score_forest(parents, cand.rank.astype(np.int64, copy=False),
-                                            cand.match_len.astype(np.int64, copy=False),
+             best_root_logp) = score_forest(cand.parents, cand.rank, cand.match_len,
                                             np.asarray(cand.head_logp, dtype=np.float64),
                                             prior_table, head_table, _HEAD_P_EDGES,
                                             _LOGP_FLOOR, MAX_DEPTH, check_depths, check_taus)
             if floor > 0 and math.exp(best_root_logp + log_ratio) < floor:
                 out.append(None)
                 continue
-            tree = CandidateTree.trusted(cand.token_ids, parents, scores + log_ratio, depths,
-                                         trunc_depth, not truncated)
+            tree = CandidateTree.trusted(cand.token_ids, cand.parents, scores + log_ratio,
+                                         depths, trunc_depth, not truncated)
             out.append(ScoredForest(cand, tree, buckets, scores, confidence[:MAX_DEPTH],
                                     trunc_depth if truncated else 0))
         return out
@@ -267,11 +267,11 @@ class EchoPlanner:
         (:func:`~vllm_echo.algos.echo.pricing.choose_nodes`): the step's budget
         (``k_max``, else :meth:`_budget_bounds`) shared among the trees, then each
         request's share kept as a tree or replaced by the root path, of any length
-        within the budget, whose step pays best. Returns the nodes per request and the
-        budget. Shaped only once the cost model is fitted and without a fixed budget;
-        while trees are not yet priced, every other step verifies its selection as
-        chosen, so that the cost model sees steps with and without trees (else it
-        never learns their cost)."""
+        within the budget, whose step pays best. Returns the nodes per request (a mask
+        over its candidates) and the budget. Shaped only once the cost model is fitted
+        and without a fixed budget; while trees are not yet priced, every other step
+        verifies its selection as chosen, so that the cost model sees steps with and
+        without trees (else it never learns their cost)."""
         most = 0
         if k_max is None:
             k_max, most = self._budget_bounds(len(trees), per_request_cap, step_requests)
@@ -287,7 +287,10 @@ class EchoPlanner:
             self.cost.prices() if self.cost.coef is not None else _UNPRICED)
         if not probing:  # a probe is never shaped: the alternation counts shaped steps
             self._unpriced_tree_steps = unpriced
-        return split_selection(selected, batch[0]), int(k_max)
+        if len(trees) == 1:
+            return (selected, ), int(k_max)
+        bounds = batch[0].tolist()
+        return tuple(selected[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:])), int(k_max)
 
     def _budget_bounds(self, num_trees: int, per_request_cap: int,
                        step_requests: int) -> tuple[int, int]:
@@ -379,10 +382,9 @@ class EchoPlanner:
         for plan, path, next_token in plans:
             # (Heads are at depth 1, the head prior's only depth; their "match length"
             # is their probability bucket.)
-            self.prior.observe_tree(plan.parents, plan.depths, plan.match_len, plan.retrieved,
-                                    path, plan.token_ids, next_token)
-            self.head_prior.observe_tree(plan.parents, plan.depths, plan.head_bucket,
-                                         ~plan.retrieved, path, plan.token_ids, next_token)
+            observe_retrieved_and_heads(self.prior, self.head_prior, plan.parents,
+                                        plan.depths, plan.match_len, plan.head_bucket,
+                                        plan.retrieved, path, plan.token_ids, next_token)
             if not calibrated:
                 self.calibrator.observe(plan.confidence,
                                         *plan.calibration_label(path, next_token))
@@ -411,17 +413,29 @@ class ScoredForest:
     confidence: np.ndarray
     truncated_at: int  # gated depth, 0 when no gate fired
 
-    def plan(self, keep: np.ndarray) -> Plan:
-        """The plan verifying the candidate nodes ``keep`` (ascending)."""
-        cand, tree = self.candidates, self.tree
-        parents, is_chain = reindex_selection(cand.parents, keep)
-        return Plan(cand.token_ids[keep], parents, tree.depths[keep], cand.match_len[keep],
-                    cand.rank[keep] < 0, self.buckets[keep], self.confidence,
-                    self.truncated_at, float(np.exp(self.raw_scores[keep]).sum()),
-                    cand.token_ids, cand.parents, keep, is_chain)
+    def plan(self, selected: np.ndarray) -> Plan:
+        """The plan verifying the candidate nodes ``selected`` (a mask)."""
+        cand = self.candidates
+        (keep, tokens, parents, depths, match_len, retrieved, buckets, expected,
+         is_chain) = select_plan_nodes(selected, cand.token_ids, cand.parents, self.tree.depths,
+                                       cand.match_len, cand.rank, self.buckets,
+                                       self.raw_scores)
+        return Plan(tokens, parents, depths, match_len, retrieved, buckets, self.confidence,
+                    self.truncated_at, expected, cand.token_ids, cand.parents, keep, is_chain)
 
 
 def _warmup_budget(num_requests: int, factor: int) -> int:
     """Warm-up budget: B * factor / 8 nodes (rounded up), at least 2 * factor."""
     return max(2 * factor, -(-num_requests * factor // 8))
 
+
+def warm_up() -> None:
+    """One plan and its verdict on a small forest of the proposer's dtypes, so that
+    every kernel signature a decode step uses is compiled before the first one."""
+    from vllm_echo.config import EchoSettings
+
+    planner = EchoPlanner(EchoSettings.from_dict({"method": "echo"}))
+    forest = [np.array(values, np.int32) for values in
+              ((5, 6, 7), (-1, 0, -1), (2, 2, 0), (-1, -1, 0))]  # tokens, parents, m, rank
+    _, plans = planner.plan([Candidates(*forest, head_logp=np.array([-0.5], np.float32))], 4)
+    planner.observe([(plans[0], [0], 6)])

@@ -108,13 +108,11 @@ class AcceptancePrior:
         """Smoothed (with ``optimism``, depth 1 raised) acceptance probabilities, shape
         ``(max_depth, max_ngram)``.
 
-        Read-only: cached until the next update (it is read several times a step, and
-        recomputed once a step, by a compiled loop)."""
+        Read-only: cached until the next update (it is read several times a step;
+        :meth:`observe_tree` recomputes it in its own compiled call)."""
         if self._table is None:
-            self._table = _smoothed_rates(self._accepted, self._total, self.prior_strength,
-                                          self.prior_mean, self.optimism)
-            self._table.flags.writeable = False
-            self._best_first = float(self._table[0].max())
+            self._set_table(_smoothed_rates(self._accepted, self._total, self.prior_strength,
+                                            self.prior_mean, self.optimism))
         return self._table
 
     def best_first_rate(self) -> float:
@@ -157,17 +155,63 @@ class AcceptancePrior:
         accepted node counts too. ``accepted_path`` lists the accepted node indices
         root side first. Compiled, for trees the caller built (the planner's own
         plans, every step): the array shapes and dtypes are not checked, the path
-        and the match lengths are."""
-        recorded = count_tree_observations(
-            self._total, self._accepted,
-            parents.astype(np.int64, copy=False), depths.astype(np.int64, copy=False),
-            match_lens.astype(np.int64, copy=False),
-            is_retrieved_mask.astype(np.bool_, copy=False),
-            np.asarray(accepted_path, dtype=np.int64),
-            token_ids.astype(np.int64, copy=False), int(next_token))
+        and the match lengths are. The table is recomputed in the same call: the
+        next step reads it."""
+        recorded, table = _observe_tree(
+            self._total, self._accepted, parents, depths, match_lens, is_retrieved_mask,
+            np.asarray(accepted_path, dtype=np.int64), token_ids, int(next_token),
+            self.prior_strength, self.prior_mean, self.optimism)
         if recorded:
-            self._table = None
+            self._set_table(table)
         return recorded
+
+    def _set_table(self, table: np.ndarray) -> None:
+        table.flags.writeable = False
+        self._table = table
+        self._best_first = float(table[0].max())
+
+
+def observe_retrieved_and_heads(retrieved: AcceptancePrior, heads: AcceptancePrior,
+                                parents: np.ndarray, depths: np.ndarray,
+                                match_lens: np.ndarray, head_buckets: np.ndarray,
+                                is_retrieved_mask: np.ndarray, accepted_path: Sequence[int],
+                                token_ids: np.ndarray, next_token: int) -> None:
+    """:meth:`AcceptancePrior.observe_tree` for a forest's two kinds of nodes in one
+    compiled call: retrieved nodes into ``retrieved`` by (depth, match length), the
+    others (next-next heads) into ``heads`` by (depth, ``head_buckets``)."""
+    got_retrieved, table_retrieved, got_heads, table_heads = _observe_both(
+        retrieved._total, retrieved._accepted, heads._total, heads._accepted, parents,
+        depths, match_lens, head_buckets, is_retrieved_mask,
+        np.asarray(accepted_path, dtype=np.int64), token_ids, int(next_token),
+        retrieved.prior_strength, retrieved.prior_mean, retrieved.optimism,
+        heads.prior_strength, heads.prior_mean, heads.optimism)
+    if got_retrieved:
+        retrieved._set_table(table_retrieved)
+    if got_heads:
+        heads._set_table(table_heads)
+
+
+@njit(cache=True)
+def _observe_both(total_r, accepted_r, total_h, accepted_h, parents, depths, match_len,
+                  head_bucket, retrieved, path, token_ids, next_token, strength_r, mean_r,
+                  optimism_r, strength_h, mean_h, optimism_h):
+    got_r, table_r = _observe_tree(total_r, accepted_r, parents, depths, match_len, retrieved,
+                                   path, token_ids, next_token, strength_r, mean_r, optimism_r)
+    got_h, table_h = _observe_tree(total_h, accepted_h, parents, depths, head_bucket,
+                                   ~retrieved, path, token_ids, next_token, strength_h, mean_h,
+                                   optimism_h)
+    return got_r, table_r, got_h, table_h
+
+
+@njit(cache=True)
+def _observe_tree(total, accepted, parents, depths, match_len, eligible, path, token_ids,
+                  next_token, strength, prior_mean, optimism):
+    """count_tree_observations, then the new table (empty when nothing was recorded)."""
+    recorded = count_tree_observations(total, accepted, parents, depths, match_len, eligible,
+                                       path, token_ids, next_token)
+    if recorded == 0:
+        return recorded, np.empty((0, 0))
+    return recorded, _smoothed_rates(accepted, total, strength, prior_mean, optimism)
 
 
 @njit(cache=True)
