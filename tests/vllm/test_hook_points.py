@@ -5,7 +5,7 @@ judges a changed signature (no engine: signatures only)."""
 import functools
 import inspect
 
-from vllm_echo.plugin.runner_hooks import (PREPARE_PARAMS, SAMPLE_PARAMS, bound_arguments,
+from vllm_echo.plugin.runner_hooks import (PREPARE_PARAMS, SAMPLE_PARAMS, ArgumentReader,
                                            signature_drift)
 
 
@@ -33,9 +33,13 @@ def test_signature_drift_and_argument_lookup():
     assert "new required parameters ['options']" in signature_drift(new_required, SAMPLE_PARAMS)
     assert signature_drift(None, SAMPLE_PARAMS) == "missing"
 
-    signature = inspect.signature(new_optional)
-    assert bound_arguments(signature, (1, 2), {}, SAMPLE_PARAMS) == (1, 2)
-    assert bound_arguments(signature, (1,), {"spec_decode_metadata": 2, "options": 3},
-                           SAMPLE_PARAMS) == (1, 2)
-    assert bound_arguments(signature, (1, 2, 3), {}, SAMPLE_PARAMS) is None  # not a call of it
-    assert bound_arguments(inspect.signature(renamed), (1, 2), {}, SAMPLE_PARAMS) is None
+    read = ArgumentReader(inspect.signature(new_optional), SAMPLE_PARAMS)
+    for _ in range(2):  # the second time from what the first call of each shape found
+        assert read((1, 2), {}) == (1, 2)
+        assert read(("a", "b"), {}) == ("a", "b")
+        assert read((1, ), {"spec_decode_metadata": 2, "options": 3}) == (1, 2)
+        assert read((), {"options": 3, "spec_decode_metadata": 2, "logits": 1}) == (1, 2)
+        assert read((1, 2, 3), {}) is None  # not a call of it
+        assert read((1, ), {"logits": 2}) is None  # logits twice
+        assert read((1, 2), {"unknown": 3}) is None
+    assert ArgumentReader(inspect.signature(renamed), SAMPLE_PARAMS)((1, 2), {}) is None

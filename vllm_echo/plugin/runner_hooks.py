@@ -121,16 +121,38 @@ def probe_runner(runner: Any, flex: bool = False) -> dict[str, str]:
     return problems
 
 
-def bound_arguments(signature: inspect.Signature, args: tuple, kwargs: dict,
-                    params: tuple[str, ...]) -> tuple | None:
-    """The values of ``params`` in a call, or None when the call does not have them."""
-    try:
-        arguments = signature.bind(*args, **kwargs).arguments
-    except TypeError:
-        return None
-    if any(p not in arguments for p in params):
-        return None
-    return tuple(arguments[p] for p in params)
+class ArgumentReader:
+    """Reads ``params`` from calls of a method with ``signature``, or None from a call
+    that does not bind to it or lacks one of them. What binding decides depends only
+    on the call's shape (how many positional arguments, which keywords), so each shape
+    is bound once, with placeholders, and later calls of that shape are read where
+    their values are: ``Signature.bind`` on every call would cost more than the rest
+    of a step's hook."""
+
+    def __init__(self, signature: inspect.Signature, params: tuple[str, ...]):
+        self._signature = signature
+        self._params = params
+        # shape -> per param its position (int) or keyword (str); None: no binding
+        self._where: dict[tuple, tuple | None] = {}
+
+    def __call__(self, args: tuple, kwargs: dict) -> tuple | None:
+        shape = (len(args), tuple(kwargs))
+        if shape not in self._where:
+            self._where[shape] = self._locate(*shape)
+        where = self._where[shape]
+        if where is None:
+            return None
+        return tuple(args[w] if isinstance(w, int) else kwargs[w] for w in where)
+
+    def _locate(self, num_args: int, keywords: tuple[str, ...]) -> tuple | None:
+        try:  # placeholders: a positional argument's index, a keyword's name
+            arguments = self._signature.bind(*range(num_args),
+                                             **{k: k for k in keywords}).arguments
+        except TypeError:
+            return None
+        if any(p not in arguments for p in self._params):
+            return None
+        return tuple(arguments[p] for p in self._params)
 
 
 class LastLogitsTopK:
@@ -280,14 +302,14 @@ def install_sample_hook(runner: Any, tree_context: TreeContext, sink: LastLogits
     if getattr(runner, "_vllm_echo_sample_wrapped", False):
         return
     original = runner._sample
-    signature = inspect.signature(original)
+    read_arguments = ArgumentReader(inspect.signature(original), SAMPLE_PARAMS)
     active = [True]
 
     def _sample(*args, **kwargs):
         sink.release()
         # read per call: a later install attaches a new context without rewrapping
         tree_context = context_of_runner(runner)
-        found = bound_arguments(signature, args, kwargs, SAMPLE_PARAMS) if active[0] else None
+        found = read_arguments(args, kwargs) if active[0] else None
         if found is None:
             output = original(*args, **kwargs)
             if active[0]:

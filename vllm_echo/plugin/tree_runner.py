@@ -58,13 +58,13 @@ def install_prepare_hook(runner: Any, tree_context: TreeContext,
     switches the hook off for good (``on_drift("_prepare_inputs", reason)``: chain
     mode).
     """
-    from vllm_echo.plugin.runner_hooks import PREPARE_PARAMS, bound_arguments
+    from vllm_echo.plugin.runner_hooks import PREPARE_PARAMS, ArgumentReader
 
     tree_state.attach_to_runner(runner, tree_context)
     if getattr(runner, "_vllm_echo_prepare_wrapped", False):
         return
     original = runner._prepare_inputs
-    signature = inspect.signature(original)
+    read_arguments = ArgumentReader(inspect.signature(original), PREPARE_PARAMS)
     active = [True]
 
     def _prepare_inputs(*args, **kwargs):
@@ -72,7 +72,7 @@ def install_prepare_hook(runner: Any, tree_context: TreeContext,
         # read per call: a later install attaches a new context without rewrapping
         tree_context = tree_state.context_of_runner(runner)
         tree_context.step = None
-        found = bound_arguments(signature, args, kwargs, PREPARE_PARAMS) if active[0] else None
+        found = read_arguments(args, kwargs) if active[0] else None
         if found is None:
             if active[0]:
                 active[0] = False
