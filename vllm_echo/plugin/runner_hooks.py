@@ -126,8 +126,8 @@ class ArgumentReader:
     that does not bind to it or lacks one of them. What binding decides depends only
     on the call's shape (how many positional arguments, which keywords), so each shape
     is bound once, with placeholders, and later calls of that shape are read where
-    their values are: ``Signature.bind`` on every call would cost more than the rest
-    of a step's hook."""
+    their values are (the hooks run every step; ``Signature.bind`` would redo the same
+    work each time)."""
 
     def __init__(self, signature: inspect.Signature, params: tuple[str, ...]):
         self._signature = signature
