@@ -12,12 +12,12 @@ Per step, for a batch of retrieval forests:
    by the planner from its :class:`~vllm_echo.algos.echo.cost.CostModel`, as the
    compiled choices of :mod:`~vllm_echo.algos.echo.pricing`), then each request's
    selection re-indexed into its draft tree;
-3. after verification: :meth:`AcceptancePrior.observe_tree`,
+3. after verification: :meth:`AcceptancePrior.observe_tree` (both priors at once:
+   :func:`~vllm_echo.algos.echo.scores.observe_retrieved_and_heads`),
    :meth:`Calibrator.observe` (warm-up), :meth:`EchoStepStats.record_step`.
 """
 
-from vllm_echo.algos.echo import (budget, calibration, cost, forest_scoring, pricing, scores,
-                                  stats)
+from vllm_echo.algos.echo import cost, pricing
 from vllm_echo.algos.echo.budget import (BudgetResult, CandidateTree, schedule_budget,
                                          subtree)
 from vllm_echo.algos.echo.calibration import (DEFAULT_GATE, Calibrator, GateConfig,
@@ -46,5 +46,7 @@ def warm_up() -> None:
     no decode step pays for it."""
     from vllm_echo.algos.echo import planner
 
-    for module in (budget, calibration, cost, forest_scoring, pricing, scores, stats, planner):
+    # planner.warm_up plans and observes one step; cost and pricing compile what only a
+    # fitted cost model reaches.
+    for module in (planner, cost, pricing):
         module.warm_up()

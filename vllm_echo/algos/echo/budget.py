@@ -286,13 +286,6 @@ def select_plan_nodes(selected, token_ids, parents, depths, match_len, rank, buc
             expected, is_chain)
 
 
-def warm_up() -> None:
-    """Compile the selection and re-indexing kernels (a decode step should not pay for
-    them)."""
-    tree = CandidateTree.trusted(np.array([5, 6]), np.array([-1, 0]), np.array([-0.1, -0.2]),
-                                 np.array([1, 2]), 1, False)
-    _schedule_shared([tree], 2, float("inf"), 1)
-    reindex_selection(np.array([-1, 0], np.int32), np.array([0, 1], np.int64))
 
 
 def schedule_budget(trees: Sequence[CandidateTree], k_max: int,

@@ -291,8 +291,3 @@ class Calibrator:
         lines.append(f"  -> default gate {DEFAULT_GATE.sweet_spots} "
                      f"taus {DEFAULT_GATE.taus}: {reason}")
         return self.gate, "\n".join(lines)
-
-
-def warm_up() -> None:
-    """Compile the probability check (a decode step should not pay for it)."""
-    _all_probabilities(np.zeros(1))

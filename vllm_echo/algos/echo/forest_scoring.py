@@ -144,20 +144,3 @@ def has_child_token(parents, token_ids, parent, token):
         if parents[j] == parent and token_ids[j] == token:
             return True
     return False
-
-
-def warm_up() -> None:
-    """Compile the kernels (a decode step should not pay for it)."""
-    parents = np.array([-1, 0, -1], dtype=np.int64)
-    table = np.full((2, 3), 0.5)
-    score_forest(parents, np.array([-1, -1, 0], dtype=np.int64),
-                 np.array([1, 2, 0], dtype=np.int64), np.array([-1.0]), table, table,
-                 np.array([0.3, 0.1]), -30.0, 4, np.array([1], dtype=np.int64),
-                 np.array([0.05]))
-    count_tree_observations(np.zeros((2, 3)), np.zeros((2, 3)), parents,
-                            np.array([1, 2, 1], dtype=np.int64),
-                            np.array([1, 2, 1], dtype=np.int64), np.ones(3, dtype=np.bool_),
-                            np.array([0], dtype=np.int64), np.array([5, 6, 7], dtype=np.int64),
-                            6)
-    forest = np.array([-1, 0, -1], dtype=np.int32)  # the forests' own dtype
-    has_child_token(forest, np.array([5, 6, 7], dtype=np.int32), 0, 6)

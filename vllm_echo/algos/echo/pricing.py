@@ -211,11 +211,8 @@ def break_even_probability(prices, num_requests, max_drafts):
 
 
 def warm_up() -> None:
-    """Compile the kernels (a decode step should not pay for it)."""
+    """Compile the pricing kernels a fitted cost model calls (choose_nodes is compiled
+    by planner.warm_up, with the dtypes a step passes)."""
     prices = (0.03, 0.001, 4.0, 0.01, 0.002)
     step_time(prices, 5.0, 1.0, 1.0)  # as CostModel.time calls it
     break_even_probability(prices, 1, 64)
-    choose_nodes(np.array([0, 3], np.int64), np.array([-1, 0, -1], np.int64),
-                 np.array([-0.5, -1.0, -2.0]), np.array([1, 2, 1], np.int64),
-                 np.array([2], np.int64), np.array([True]), -1, 3, 3, 0, True, True, True, 1,
-                 prices)

@@ -260,8 +260,3 @@ class AcceptedOverExpected:
     def ratio(self) -> float:
         raw = (self.accepted + self.pseudo) / (self.expected + self.pseudo)
         return min(max(raw, self.bounds[0]), self.bounds[1])
-
-
-def warm_up() -> None:
-    """Compile the table kernel (a decode step should not pay for it)."""
-    AcceptancePrior(max_ngram=2, optimism=1.0).prob_table()

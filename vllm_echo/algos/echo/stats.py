@@ -166,8 +166,3 @@ class EchoStepStats:
             "budget_used_max": self.budget_used_max,
             "budget_fill": ratio(self.budget_used_with_capacity, self.budget_capacity),
         }
-
-
-def warm_up() -> None:
-    """Compile the counting kernel (a decode step should not pay for it)."""
-    EchoStepStats(max_depth=2).record_step([np.array([1, 2])], [1], [0])
