@@ -282,12 +282,45 @@ def test_step_explore_probes_every_so_often_when_nothing_can_pay():
     for n in (1, 10, 1, 30, 1, 60, 1, 10):
         planner.cost.add(n, 0.05 + 0.002 * n, 0, n > 1)
     assert [planner.step_explore(1) for _ in range(3)] == [0, 0, 0]  # drafts can pay
-    # nothing can pay at batch 512: every PROBE_EVERY-th step (counting all steps) plans
-    # with PROBE_NODES nodes to explore; the others draft nothing
-    got = [planner.step_explore(512) for _ in range(2 * PROBE_EVERY)]
+    # nothing can pay at batch 512: the step after PROBE_EVERY - 1 without a draft plans
+    # with PROBE_NODES nodes to explore (these three steps planned nothing); the others
+    # draft nothing
+    got = []
+    for _ in range(3 * PROBE_EVERY):
+        got.append(planner.step_explore(512))
+        if got[-1] is not None:
+            planner.plan([None], per_request_cap=4, explore=got[-1])
     probing = [i + 3 for i, explore in enumerate(got) if explore is not None]
-    assert all(i % PROBE_EVERY == 0 for i in probing) and len(probing) == 2
+    assert probing == [PROBE_EVERY - 1, 2 * PROBE_EVERY - 1, 3 * PROBE_EVERY - 1]
     assert {got[i - 3] for i in probing} == {PROBE_NODES}
+
+
+def test_probes_restart_drafting_that_a_dear_fit_and_bad_first_drafts_stopped():
+    """A fit that prices drafting high (break-even 0.06 at batch 1) after first drafts
+    that were all rejected: the forests' own buckets are below break-even, so plan()
+    drops them, while a match length never seen keeps the prior's rate and nothing_can_pay
+    says no. Probes must still come, and once their drafts are accepted drafting resumes."""
+    from vllm_echo.algos.echo.planner import PROBE_EVERY
+
+    planner = EchoPlanner(EchoSettings(method="echo"))
+    planner.cost = CostModel.fixed(0.028, 0.0187, knee=4, draft_cost=0.005)
+    planner.prior.update(np.ones(30, np.int64), np.ones(30, np.int64), np.zeros(30, bool))
+    chain = Candidates(np.array([5, 6, 7, 8], np.int32), np.array([-1, 0, 1, 2], np.int32),
+                       np.ones(4, np.int32), np.full(4, -1, np.int32), head_logp=np.empty(0))
+    assert not planner.nothing_can_pay(1)
+    drafts, _ = planner.plan([chain], per_request_cap=4)
+    assert len(drafts[0][0]) == 0  # the stall: no draft, and nothing to learn from
+    drafted_steps = []
+    for step in range(6 * PROBE_EVERY):
+        explore = planner.step_explore(1)
+        if explore is None:
+            continue
+        drafts, plans = planner.plan([chain], per_request_cap=4, explore=explore)
+        if len(drafts[0][0]):
+            drafted_steps.append(step)
+            planner.observe([(plans[0], list(range(len(drafts[0][0]))), 9)])  # all accepted
+    assert drafted_steps[0] == PROBE_EVERY - 1
+    assert drafted_steps[-PROBE_EVERY:] == list(range(5 * PROBE_EVERY, 6 * PROBE_EVERY))
 
 
 def test_plain_steps_are_timed_until_drafting_is_priced():
@@ -304,7 +337,7 @@ def test_plain_steps_are_timed_until_drafting_is_priced():
     for n in (1, 5, 1, 9, 1, 3, 1, 4) * 2:  # plain steps timed; the refit prices drafting
         planner.cost.add(n, 0.05 + 0.002 * n + 0.004 * (n > 1), 0, n > 1)
     assert planner.cost.draft_cost == pytest.approx(0.004, rel=1e-3)
-    assert all(planner.step_explore(1) == 0 for _ in range(2 * PLAIN_EVERY))
+    assert all(planner.step_explore(1) is not None for _ in range(2 * PLAIN_EVERY))
 
 
 def test_probe_steps_explore_so_drafting_can_resume():

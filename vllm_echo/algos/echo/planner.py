@@ -69,8 +69,9 @@ _WARMUP_FACTORS = (1, 2, 4, 8)  # warm-up budgets, in eighths of a node per requ
 _OPTIMISM = 1.0
 # Buckets of a head's last-logit probability (bucket b+1 holds p >= edge b).
 _HEAD_P_EDGES = np.array([0.3, 0.1, 0.03, 0.01, 0.003])
-# When no draft can pay for itself, still plan every PROBE_EVERY steps and verify up to
-# PROBE_NODES nodes then (plan's explore): acceptance is learned from verdicts only.
+# After PROBE_EVERY steps without a draft, plan with explore = PROBE_NODES: verify that
+# many nodes even if none looks worth it. Acceptance rates and the price of drafting are
+# learned from drafted steps only, so without drafts they could never recover.
 PROBE_EVERY = 16
 PROBE_NODES = 4
 # While the cost model cannot price drafting itself (too few timed steps without any
@@ -168,7 +169,8 @@ class EchoPlanner:
         self.last_k_max = 0
         self._warmup_steps = 0
         self._unpriced_tree_steps = 0
-        self._probe_steps = 0  # steps seen by step_explore
+        self._steps = 0  # steps seen by step_explore
+        self._steps_since_draft = 0  # since the last that drafted or probed
         self._break_even: tuple[Any, float] = (None, 0.0)  # ((cost fit, B), probability)
         self._checks: tuple[Any, Any] = (None, None)  # (gate, mode, ...), gate_checks
 
@@ -192,6 +194,8 @@ class EchoPlanner:
         Acceptance rates are learned only from verified drafts, so without this a few
         unlucky early steps (rates pushed below break-even) would stop all drafting, and
         all learning, for good."""
+        if explore:
+            self._steps_since_draft = 0
         live = sum(1 for cand in batch if cand is not None and len(cand.token_ids))
         step_requests = max(len(batch) if num_requests is None else num_requests, live)
         # A request whose best first node cannot pay for itself gets no plan (no
@@ -203,6 +207,8 @@ class EchoPlanner:
             self.last_k_max = 0
             return [_NO_DRAFT] * len(batch), [None] * len(batch)
         shaped, self.last_k_max = self._choose(trees, per_request_cap, step_requests, explore)
+        if self.last_k_max:
+            self._steps_since_draft = 0
         shaped_iter = iter(shaped)
         drafts, plans = [], []
         for item in scored:
@@ -323,13 +329,21 @@ class EchoPlanner:
 
     def step_explore(self, num_requests: int) -> int | None:
         """How this step drafts, asked once per step before any forest is built: None
-        to draft nothing (no draft can pay and it is not a probing step, or a plain
-        step is timed to price drafting), else the ``explore`` to pass to :meth:`plan`
-        (PROBE_NODES when probing, 0 otherwise)."""
-        step, self._probe_steps = self._probe_steps, self._probe_steps + 1
-        if not self.nothing_can_pay(num_requests):
-            return None if self._pricing_drafts() and step % PLAIN_EVERY == 0 else 0
-        return PROBE_NODES if step % PROBE_EVERY == 0 else None
+        to draft nothing (no draft can pay, or a plain step is timed to price
+        drafting), else the ``explore`` to pass to :meth:`plan`: PROBE_NODES after
+        PROBE_EVERY - 1 steps without a draft, 0 otherwise.
+
+        The probe does not wait for :meth:`nothing_can_pay`: that test is optimistic
+        (a match length never seen at depth 1 keeps its prior's rate), while plan()
+        drops every forest whose own best node cannot pay. With drafting priced high
+        by a bad early fit, that gap stopped drafting for the rest of a run."""
+        step, self._steps = self._steps, self._steps + 1
+        self._steps_since_draft += 1
+        if self._steps_since_draft >= PROBE_EVERY:
+            return PROBE_NODES
+        if self.nothing_can_pay(num_requests):
+            return None
+        return None if self._pricing_drafts() and step % PLAIN_EVERY == 0 else 0
 
     def _pricing_drafts(self) -> bool:
         """Whether plain steps are needed to price drafting (see PLAIN_EVERY)."""
