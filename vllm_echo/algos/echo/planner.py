@@ -69,9 +69,10 @@ _WARMUP_FACTORS = (1, 2, 4, 8)  # warm-up budgets, in eighths of a node per requ
 _OPTIMISM = 1.0
 # Buckets of a head's last-logit probability (bucket b+1 holds p >= edge b).
 _HEAD_P_EDGES = np.array([0.3, 0.1, 0.03, 0.01, 0.003])
-# After PROBE_EVERY steps without a draft, plan with explore = PROBE_NODES: verify that
-# many nodes even if none looks worth it. Acceptance rates and the price of drafting are
-# learned from drafted steps only, so without drafts they could never recover.
+# A step that follows PROBE_EVERY - 1 steps without a draft plans with explore =
+# PROBE_NODES: it verifies that many nodes even if none looks worth it. Acceptance
+# rates and the price of drafting are learned from drafted steps only, so without
+# drafts they could never recover.
 PROBE_EVERY = 16
 PROBE_NODES = 4
 # While the cost model cannot price drafting itself (too few timed steps without any
@@ -169,7 +170,7 @@ class EchoPlanner:
         self.last_k_max = 0
         self._warmup_steps = 0
         self._unpriced_tree_steps = 0
-        self._steps = 0  # steps seen by step_explore
+        self._steps = 0  # steps seen by step_explore (PLAIN_EVERY counts them)
         self._steps_since_draft = 0  # since the last that drafted or probed
         self._break_even: tuple[Any, float] = (None, 0.0)  # ((cost fit, B), probability)
         self._checks: tuple[Any, Any] = (None, None)  # (gate, mode, ...), gate_checks
