@@ -21,7 +21,7 @@ Usage::
         [--contexts 300 2000] [--dtype bfloat16] [--rounds 2] [--out FILE.json]
     python benchmarks/tree_step_time.py --chain-lengths 0 1 2 3 4 5 6 8 10 12 16 \
         --contexts 300 --dtype float32 --rounds 5
-    python benchmarks/tree_step_time.py --smoke --out FILE.json   # CI: C=4, batch 1, 64 tokens
+    python benchmarks/tree_step_time.py --smoke --out FILE.json   # CI: C=4, batch 1, 64 tokens, eager
 
 Each (path, C) is one in-process engine; the rounds alternate the paths.
 """
@@ -79,7 +79,8 @@ class FixedShapeProposer(LogitSpecProposer):
         return tokens, 0
 
 
-def _engine(capacity: int, path: str, dtype: str, max_model_len: int, max_batch: int):
+def _engine(capacity: int, path: str, dtype: str, max_model_len: int, max_batch: int,
+            eager: bool = False):
     from vllm import LLM
 
     from vllm_echo.config import ADDITIONAL_CONFIG_KEY, EchoSettings
@@ -89,6 +90,7 @@ def _engine(capacity: int, path: str, dtype: str, max_model_len: int, max_batch:
                             tree_attention=tree_attention)
     return LLM(str(_model()), dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_batch,
                enable_prefix_caching=False, kv_cache_memory_bytes=3 * 2**30, seed=0,
+               enforce_eager=eager,
                speculative_config={"method": "custom_class",
                                    "model": f"{__name__}.FixedShapeProposer",
                                    "num_speculative_tokens": capacity - 1},
@@ -125,7 +127,8 @@ def _tree_verifications(llm) -> int:
     return sum(s["tree_verifications"] for s in llm.collective_rpc(worker_stats) if s)
 
 
-def run(capacities, batches, contexts, dtype, rounds, paths=tuple(PATHS)) -> list[dict]:
+def run(capacities, batches, contexts, dtype, rounds, paths=tuple(PATHS),
+        eager: bool = False) -> list[dict]:
     rows = []
     # vLLM drafts only while the longest sequence plus a step's drafts and the next
     # step's fit in max_model_len (else it schedules zeros as a chain): leave room
@@ -134,7 +137,7 @@ def run(capacities, batches, contexts, dtype, rounds, paths=tuple(PATHS)) -> lis
         for capacity in capacities:
             order = list(paths) if r % 2 == 0 else list(reversed(paths))
             for path in order:
-                llm = _engine(capacity, path, dtype, max_len, max(batches))
+                llm = _engine(capacity, path, dtype, max_len, max(batches), eager)
                 decode_step_time(llm, 1, 64, seed=999)  # compile and warm up
                 for batch in batches:
                     for context in contexts:
@@ -156,10 +159,11 @@ def run(capacities, batches, contexts, dtype, rounds, paths=tuple(PATHS)) -> lis
     return rows
 
 
-def chain_curve(lengths: list[int], context: int, dtype: str, rounds: int) -> list[dict]:
+def chain_curve(lengths: list[int], context: int, dtype: str, rounds: int,
+                eager: bool = False) -> list[dict]:
     """Batch-1 step time with chains of each length, one engine (see the module doc)."""
     max_len = context + MEASURED_STEPS + 4 + 2 * max(lengths) + 16
-    llm = _engine(max(lengths) + 1, "chain", dtype, max_len, 1)
+    llm = _engine(max(lengths) + 1, "chain", dtype, max_len, 1, eager)
     drafter = llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter
     decode_step_time(llm, 1, 64, seed=999)  # warm up
     rows = []
@@ -220,17 +224,23 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--chain-lengths", type=int, nargs="+", default=None,
                     help="measure batch-1 chains of these lengths instead (0: no drafts)")
+    ap.add_argument("--eager", action="store_true",
+                    help="engines without torch.compile (vLLM's enforce_eager): every path "
+                         "runs without the compile time, but steps are not timed as served")
     ap.add_argument("--smoke", action="store_true",
-                    help="CI: capacity 4 (or chains of 0 and 2), batch 1, context 64, one round")
+                    help="CI: capacity 4 (or chains of 0 and 2), batch 1, context 64, one "
+                         "round, --eager")
     args = ap.parse_args(argv)
     if args.smoke:
         args.capacities, args.batches, args.contexts, args.rounds = [4], [1], [64], 1
+        args.eager = True
         if args.chain_lengths:
             args.chain_lengths = [0, 2]
     if args.chain_lengths:
         if 0 not in args.chain_lengths:
             ap.error("--chain-lengths must include 0 (ratios are to the step without drafts)")
-        rows = chain_curve(args.chain_lengths, args.contexts[0], args.dtype, args.rounds)
+        rows = chain_curve(args.chain_lengths, args.contexts[0], args.dtype, args.rounds,
+                           args.eager)
         curve = curve_summary(rows)
         print("\n| drafts | step ms | / no drafts |\n|---|---|---|")
         for c in curve:
@@ -240,7 +250,8 @@ def main(argv=None) -> int:
                                   "curve": curve})
         return 0
     paths = ["chain"] + [p for p in args.paths if p != "chain"]
-    rows = run(args.capacities, args.batches, args.contexts, args.dtype, args.rounds, paths)
+    rows = run(args.capacities, args.batches, args.contexts, args.dtype, args.rounds, paths,
+               args.eager)
     cells = summary(rows)
     tree_paths = paths[1:]
     print("\n| C | batch | context | " + " | ".join(f"{p} ms" for p in paths) + " | "
