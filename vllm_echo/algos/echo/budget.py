@@ -286,8 +286,6 @@ def select_plan_nodes(selected, token_ids, parents, depths, match_len, rank, buc
             expected, is_chain)
 
 
-
-
 def schedule_budget(trees: Sequence[CandidateTree], k_max: int,
                     per_request_cap: Optional[int] = None, shared_budget: bool = True,
                     core_width: Optional[int] = 1) -> BudgetResult:

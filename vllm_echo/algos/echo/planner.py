@@ -195,8 +195,6 @@ class EchoPlanner:
         Acceptance rates are learned only from verified drafts, so without this a few
         unlucky early steps (rates pushed below break-even) would stop all drafting, and
         all learning, for good."""
-        if explore:
-            self._steps_since_draft = 0
         live = sum(1 for cand in batch if cand is not None and len(cand.token_ids))
         step_requests = max(len(batch) if num_requests is None else num_requests, live)
         # A request whose best first node cannot pay for itself gets no plan (no
@@ -341,6 +339,7 @@ class EchoPlanner:
         step, self._steps = self._steps, self._steps + 1
         self._steps_since_draft += 1
         if self._steps_since_draft >= PROBE_EVERY:
+            self._steps_since_draft = 0
             return PROBE_NODES
         if self.nothing_can_pay(num_requests):
             return None
