@@ -323,6 +323,30 @@ def test_probes_restart_drafting_that_a_dear_fit_and_bad_first_drafts_stopped():
     assert drafted_steps[-PROBE_EVERY:] == list(range(5 * PROBE_EVERY, 6 * PROBE_EVERY))
 
 
+def test_depths_past_the_budget_are_learned_from_fully_accepted_plans():
+    """Chains the target always follows, at batch 8 where a node must be accepted more
+    often than about half the time to pay. Depth 1 is verified and learned at once; a
+    deeper depth, never verified, would keep its prior rate (0.5, its path score
+    halved), too low to be verified. The target's token after a fully accepted plan
+    tells whether the next candidate would have been accepted, so each depth is learned
+    once the one before it is, and the chains grow to what pays."""
+    planner = EchoPlanner(EchoSettings(method="echo", calibration_steps=10**6))
+    planner.cost = CostModel.fixed(0.020, 0.001, knee=8)
+    tokens = np.arange(100, 112, dtype=np.int32)
+    chain = Candidates(tokens, np.arange(-1, 11, dtype=np.int32), np.full(12, 3, np.int32),
+                       np.full(12, -1, np.int32), head_logp=np.empty(0))
+    depths = []
+    for _ in range(40):
+        drafts, plans = planner.plan([chain] * 8, per_request_cap=12)
+        depths.append(max(len(t) for t, _ in drafts))
+        # every drafted token accepted; the target goes on with the chain's next token
+        planner.observe([(p, list(range(len(t))), int(tokens[min(len(t), 11)]))
+                         for (t, _), p in zip(drafts, plans) if p is not None and len(t)])
+    assert depths[0] == 1
+    assert min(depths[-10:]) >= 4
+    assert planner.prior.prob(4, 3) > 0.8
+
+
 def test_plain_steps_are_timed_until_drafting_is_priced():
     """At batch 1 ECHO drafts in nearly every step: without plain steps the cost model
     cannot tell what drafting at all costs, and would price a few draft tokens as free."""
@@ -374,7 +398,7 @@ def test_calibration_label_uncensors_a_cut_plan():
     keep = np.array([0, 2])
     plan = Plan(cand_tokens[keep], np.array([-1, 0]), np.array([1, 2]), np.zeros(2, int),
                 np.ones(2, bool), np.ones(2, int), np.r_[0.5, 0.4, 0.2, np.zeros(29)], 0,
-                0.0, cand_tokens, cand_parents, keep)
+                0.0, cand_tokens, cand_parents, keep=keep)
     # the target went on with the cut child 6: the whole forest reaches >= 2, deeper unknown
     assert plan.calibration_label([0], 6) == (2, 2)
     # the target's next token is no candidate child: the whole forest stops where the plan did

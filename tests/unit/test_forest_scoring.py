@@ -148,3 +148,35 @@ def test_compiled_observations_check_the_path():
         count_tree_observations(total, total.copy(), np.array([-1, -1]), np.array([1, 1]),
                                 np.array([1, 1]), np.ones(2, bool), np.array([0, 1]),
                                 np.array([3, 4]), 5)
+
+
+def test_candidates_past_a_fully_accepted_plan_are_observed():
+    """Forest 10 -> 11 -> {12 (m=3), head 13}; 10 -> 14 (m=1). The plan verified 10 and
+    11 (forest nodes 0 and 1)."""
+    forest_tokens = np.array([10, 11, 12, 13, 14], np.int32)
+    forest_parents = np.array([-1, 0, 1, 1, -1], np.int32)
+    forest_match = np.array([3, 3, 3, 1, 1], np.int32)
+    forest_rank = np.array([-1, -1, -1, 0, -1], np.int32)
+    keep = np.array([0, 1])
+    plan = (np.array([-1, 0], np.int32), np.array([1, 2]), np.array([3, 3], np.int32),
+            np.ones(2, np.int64), np.ones(2, bool))  # parents, depths, m, buckets, retrieved
+    forest = (keep, forest_parents, forest_tokens, forest_match, forest_rank)
+
+    def observe(path, next_token):
+        priors = (AcceptancePrior(max_ngram=3, max_depth=4),
+                  AcceptancePrior(max_ngram=len(_HEAD_P_EDGES) + 1, max_depth=1))
+        observe_retrieved_and_heads(*priors, *plan, path, forest_tokens[keep], next_token,
+                                    forest)
+        return priors[0]._total, priors[0]._accepted, priors[1]._total
+
+    # both accepted, the target went on with 12: depth 3 (m=3) learned as accepted; the
+    # head 13 is no retrieved node, 14 no child of the path's end
+    total, accepted, head_total = observe([0, 1], 12)
+    assert total[:, 2].tolist() == [1, 1, 1, 0] and accepted[:, 2].tolist() == [1, 1, 1, 0]
+    assert total[:, 0].sum() == 0 and head_total.sum() == 0
+    # ... with another token: depth 3 learned as rejected
+    total, accepted, _ = observe([0, 1], 99)
+    assert total[2, 2] == 1 and accepted[2, 2] == 0
+    # 11 rejected: the verified nodes tell it all
+    total, accepted, _ = observe([0], 99)
+    assert total[:, 2].tolist() == [1, 1, 0, 0] and accepted[:, 2].tolist() == [1, 0, 0, 0]

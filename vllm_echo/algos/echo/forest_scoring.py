@@ -138,6 +138,43 @@ def count_tree_observations(total, accepted, parents, depths, match_len, eligibl
 
 
 @njit(cache=True)
+def count_unverified_children(total, accepted, parents, depths, path, keep,
+                              candidate_parents, candidate_tokens, candidate_match_len,
+                              candidate_rank, next_token):
+    """Add the observations of the candidates a verified plan left out just past its
+    accepted path, in place; returns how many.
+
+    When ``path`` ends at a leaf of the plan (every node on it accepted, nothing drafted
+    below it), the target's token after it (``next_token``) says whether each retrieved
+    child of that node in the whole candidate forest would have been accepted: each is
+    an observation at the next depth, as if verified. Without them a depth the budget
+    does not reach keeps its prior rate, which prices it out of the budget in turn.
+    ``keep`` maps plan nodes to forest nodes.
+    """
+    if path.size == 0:
+        return 0
+    leaf = path[path.size - 1]
+    for j in range(parents.size):
+        if parents[j] == leaf:
+            return 0  # a drafted child was rejected: the verified nodes tell it all
+    end = keep[leaf]
+    max_depth, max_ngram = total.shape
+    d = min(depths[leaf] + 1, max_depth) - 1
+    recorded = 0
+    for c in range(candidate_parents.size):
+        if candidate_parents[c] != end or candidate_rank[c] >= 0:
+            continue
+        m = candidate_match_len[c]
+        if m < 1 or m > max_ngram:
+            raise ValueError("match length out of range")
+        total[d, m - 1] += 1.0
+        if candidate_tokens[c] == next_token:
+            accepted[d, m - 1] += 1.0
+        recorded += 1
+    return recorded
+
+
+@njit(cache=True)
 def has_child_token(parents, token_ids, parent, token):
     """Whether a child of node ``parent`` (-1: the root) carries ``token``."""
     for j in range(parents.size):

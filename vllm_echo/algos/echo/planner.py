@@ -125,6 +125,8 @@ class Plan:
     # they tell how deep the whole forest would have been accepted.
     candidate_tokens: np.ndarray | None = None
     candidate_parents: np.ndarray | None = None
+    candidate_match_len: np.ndarray | None = None
+    candidate_rank: np.ndarray | None = None
     keep: np.ndarray | None = None
     is_chain: bool = True  # the nodes form one root path (vLLM verifies it natively)
 
@@ -396,9 +398,13 @@ class EchoPlanner:
         for plan, path, next_token in plans:
             # (Heads are at depth 1, the head prior's only depth; their "match length"
             # is their probability bucket.)
+            forest = None if plan.keep is None else (
+                plan.keep, plan.candidate_parents, plan.candidate_tokens,
+                plan.candidate_match_len, plan.candidate_rank)
             observe_retrieved_and_heads(self.prior, self.head_prior, plan.parents,
                                         plan.depths, plan.match_len, plan.head_bucket,
-                                        plan.retrieved, path, plan.token_ids, next_token)
+                                        plan.retrieved, path, plan.token_ids, next_token,
+                                        forest)
             if not calibrated:
                 self.calibrator.observe(plan.confidence,
                                         *plan.calibration_label(path, next_token))
@@ -435,7 +441,8 @@ class ScoredForest:
                                        cand.match_len, cand.rank, self.buckets,
                                        self.raw_scores)
         return Plan(tokens, parents, depths, match_len, retrieved, buckets, self.confidence,
-                    self.truncated_at, expected, cand.token_ids, cand.parents, keep, is_chain)
+                    self.truncated_at, expected, cand.token_ids, cand.parents, cand.match_len,
+                    cand.rank, keep, is_chain)
 
 
 def _warmup_budget(num_requests: int, factor: int) -> int:

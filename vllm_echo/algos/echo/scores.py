@@ -22,7 +22,8 @@ from typing import Sequence, Union
 import numpy as np
 from numba import njit
 
-from vllm_echo.algos.echo.forest_scoring import count_tree_observations
+from vllm_echo.algos.echo.forest_scoring import (count_tree_observations,
+                                                  count_unverified_children)
 
 ArrayLike = Union[np.ndarray, Sequence[int], Sequence[float]]
 
@@ -61,8 +62,10 @@ class AcceptancePrior:
     drafts come from the prompt alone) can push a depth-1 bucket below break-even,
     and with the plain estimate it is never verified, nor corrected, again. The
     optimistic rate keeps it in play until enough observations confirm it is low.
-    Deeper buckets need no such help (they are observed whenever their parent is
-    accepted), and raising them would make long chains look better than they are.
+    Deeper buckets need no such help: they are observed whenever their parent is
+    accepted, verified or not (the planner also records the candidates just past a fully
+    accepted plan, observe_retrieved_and_heads), and raising them would make long chains
+    look better than they are.
     """
 
     def __init__(self, max_ngram: int, max_depth: int = 16, prior_mean: float = 0.5,
@@ -175,28 +178,46 @@ def observe_retrieved_and_heads(retrieved: AcceptancePrior, heads: AcceptancePri
                                 parents: np.ndarray, depths: np.ndarray,
                                 match_lens: np.ndarray, head_buckets: np.ndarray,
                                 is_retrieved_mask: np.ndarray, accepted_path: Sequence[int],
-                                token_ids: np.ndarray, next_token: int) -> None:
+                                token_ids: np.ndarray, next_token: int,
+                                forest: tuple[np.ndarray, ...] | None = None) -> None:
     """:meth:`AcceptancePrior.observe_tree` for a forest's two kinds of nodes in one
     compiled call: retrieved nodes into ``retrieved`` by (depth, match length), the
-    others (next-next heads) into ``heads`` by (depth, ``head_buckets``)."""
+    others (next-next heads) into ``heads`` by (depth, ``head_buckets``).
+
+    ``forest``: ``(keep, parents, token_ids, match_len, rank)`` of the candidate forest
+    the tree was cut from (``keep``: each tree node's index in it). With it, the
+    retrieved candidates just past a fully accepted path are observed too
+    (:func:`~vllm_echo.algos.echo.forest_scoring.count_unverified_children`)."""
+    keep, cand_parents, cand_tokens, cand_match, cand_rank = forest or (_NO_FOREST, ) * 5
     got_retrieved, table_retrieved, got_heads, table_heads = _observe_both(
         retrieved._total, retrieved._accepted, heads._total, heads._accepted, parents,
         depths, match_lens, head_buckets, is_retrieved_mask,
         np.asarray(accepted_path, dtype=np.int64), token_ids, int(next_token),
         retrieved.prior_strength, retrieved.prior_mean, retrieved.optimism,
-        heads.prior_strength, heads.prior_mean, heads.optimism)
+        heads.prior_strength, heads.prior_mean, heads.optimism,
+        keep, cand_parents, cand_tokens, cand_match, cand_rank)
     if got_retrieved:
         retrieved._set_table(table_retrieved)
     if got_heads:
         heads._set_table(table_heads)
 
 
+_NO_FOREST = np.empty(0, dtype=np.int64)
+
+
 @njit(cache=True)
 def _observe_both(total_r, accepted_r, total_h, accepted_h, parents, depths, match_len,
                   head_bucket, retrieved, path, token_ids, next_token, strength_r, mean_r,
-                  optimism_r, strength_h, mean_h, optimism_h):
-    got_r, table_r = _observe_tree(total_r, accepted_r, parents, depths, match_len, retrieved,
-                                   path, token_ids, next_token, strength_r, mean_r, optimism_r)
+                  optimism_r, strength_h, mean_h, optimism_h, keep, cand_parents, cand_tokens,
+                  cand_match, cand_rank):
+    got_r = count_tree_observations(total_r, accepted_r, parents, depths, match_len,
+                                    retrieved, path, token_ids, next_token)
+    if keep.size:
+        got_r += count_unverified_children(total_r, accepted_r, parents, depths, path, keep,
+                                           cand_parents, cand_tokens, cand_match, cand_rank,
+                                           next_token)
+    table_r = (_smoothed_rates(accepted_r, total_r, strength_r, mean_r, optimism_r)
+               if got_r else np.empty((0, 0)))
     got_h, table_h = _observe_tree(total_h, accepted_h, parents, depths, head_bucket,
                                    ~retrieved, path, token_ids, next_token, strength_h, mean_h,
                                    optimism_h)
