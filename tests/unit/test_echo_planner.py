@@ -396,9 +396,11 @@ def test_calibration_label_uncensors_a_cut_plan():
 
     cand_tokens, cand_parents = np.array([5, 6, 7, 8]), np.array([-1, 0, 0, 1])
     keep = np.array([0, 2])
+    forest = Candidates(cand_tokens, cand_parents, np.ones(4, int), np.full(4, -1),
+                        head_logp=np.empty(0))
     plan = Plan(cand_tokens[keep], np.array([-1, 0]), np.array([1, 2]), np.zeros(2, int),
                 np.ones(2, bool), np.ones(2, int), np.r_[0.5, 0.4, 0.2, np.zeros(29)], 0,
-                0.0, cand_tokens, cand_parents, keep=keep)
+                0.0, forest, keep)
     # the target went on with the cut child 6: the whole forest reaches >= 2, deeper unknown
     assert plan.calibration_label([0], 6) == (2, 2)
     # the target's next token is no candidate child: the whole forest stops where the plan did

@@ -123,10 +123,7 @@ class Plan:
     expected: float = 0.0  # accepted tokens the raw node scores expect
     # The candidate forest the plan was cut from and each kept node's index in it:
     # they tell how deep the whole forest would have been accepted.
-    candidate_tokens: np.ndarray | None = None
-    candidate_parents: np.ndarray | None = None
-    candidate_match_len: np.ndarray | None = None
-    candidate_rank: np.ndarray | None = None
+    candidates: Candidates | None = None
     keep: np.ndarray | None = None
     is_chain: bool = True  # the nodes form one root path (vLLM verifies it natively)
 
@@ -142,7 +139,7 @@ class Plan:
         if self.keep is None:
             return reached, MAX_DEPTH
         end = int(self.keep[path[reached - 1]]) if reached else -1
-        went_on = has_child_token(self.candidate_parents, self.candidate_tokens, end,
+        went_on = has_child_token(self.candidates.parents, self.candidates.token_ids, end,
                                   int(next_token))
         return (reached + 1, reached + 1) if went_on else (reached, MAX_DEPTH)
 
@@ -398,9 +395,9 @@ class EchoPlanner:
         for plan, path, next_token in plans:
             # (Heads are at depth 1, the head prior's only depth; their "match length"
             # is their probability bucket.)
+            cand = plan.candidates
             forest = None if plan.keep is None else (
-                plan.keep, plan.candidate_parents, plan.candidate_tokens,
-                plan.candidate_match_len, plan.candidate_rank)
+                plan.keep, cand.parents, cand.token_ids, cand.match_len, cand.rank)
             observe_retrieved_and_heads(self.prior, self.head_prior, plan.parents,
                                         plan.depths, plan.match_len, plan.head_bucket,
                                         plan.retrieved, path, plan.token_ids, next_token,
@@ -441,8 +438,7 @@ class ScoredForest:
                                        cand.match_len, cand.rank, self.buckets,
                                        self.raw_scores)
         return Plan(tokens, parents, depths, match_len, retrieved, buckets, self.confidence,
-                    self.truncated_at, expected, cand.token_ids, cand.parents, cand.match_len,
-                    cand.rank, keep, is_chain)
+                    self.truncated_at, expected, cand, keep, is_chain)
 
 
 def _warmup_budget(num_requests: int, factor: int) -> int:

@@ -163,7 +163,7 @@ class AcceptancePrior:
         recorded, table = _observe_tree(
             self._total, self._accepted, parents, depths, match_lens, is_retrieved_mask,
             np.asarray(accepted_path, dtype=np.int64), token_ids, int(next_token),
-            self.prior_strength, self.prior_mean, self.optimism)
+            self.prior_strength, self.prior_mean, self.optimism, 0)
         if recorded:
             self._set_table(table)
         return recorded
@@ -210,26 +210,27 @@ def _observe_both(total_r, accepted_r, total_h, accepted_h, parents, depths, mat
                   head_bucket, retrieved, path, token_ids, next_token, strength_r, mean_r,
                   optimism_r, strength_h, mean_h, optimism_h, keep, cand_parents, cand_tokens,
                   cand_match, cand_rank):
-    got_r = count_tree_observations(total_r, accepted_r, parents, depths, match_len,
-                                    retrieved, path, token_ids, next_token)
+    unverified = 0
     if keep.size:
-        got_r += count_unverified_children(total_r, accepted_r, parents, depths, path, keep,
-                                           cand_parents, cand_tokens, cand_match, cand_rank,
-                                           next_token)
-    table_r = (_smoothed_rates(accepted_r, total_r, strength_r, mean_r, optimism_r)
-               if got_r else np.empty((0, 0)))
+        unverified = count_unverified_children(total_r, accepted_r, parents, depths, path,
+                                               keep, cand_parents, cand_tokens, cand_match,
+                                               cand_rank, next_token)
+    got_r, table_r = _observe_tree(total_r, accepted_r, parents, depths, match_len, retrieved,
+                                   path, token_ids, next_token, strength_r, mean_r, optimism_r,
+                                   unverified)
     got_h, table_h = _observe_tree(total_h, accepted_h, parents, depths, head_bucket,
                                    ~retrieved, path, token_ids, next_token, strength_h, mean_h,
-                                   optimism_h)
+                                   optimism_h, 0)
     return got_r, table_r, got_h, table_h
 
 
 @njit(cache=True)
 def _observe_tree(total, accepted, parents, depths, match_len, eligible, path, token_ids,
-                  next_token, strength, prior_mean, optimism):
-    """count_tree_observations, then the new table (empty when nothing was recorded)."""
-    recorded = count_tree_observations(total, accepted, parents, depths, match_len, eligible,
-                                       path, token_ids, next_token)
+                  next_token, strength, prior_mean, optimism, recorded_before):
+    """count_tree_observations, then the new table (empty when nothing was recorded,
+    counting ``recorded_before`` observations the caller already added)."""
+    recorded = recorded_before + count_tree_observations(
+        total, accepted, parents, depths, match_len, eligible, path, token_ids, next_token)
     if recorded == 0:
         return recorded, np.empty((0, 0))
     return recorded, _smoothed_rates(accepted, total, strength, prior_mean, optimism)
