@@ -368,8 +368,7 @@ class EchoDrafter:
             if plan is not None and len(path) + 1 == n:  # not cut by the end of the output
                 observed.append((plan, path, int(state.full[state.prompt_len + pos + n])))
         self.planner.observe(observed)
-        self.planner.cost.add(num_tokens, seconds, num_trees, num_tokens > len(states),
-                              num_requests=len(states))
+        self.planner.cost.add(num_tokens, seconds, num_trees, num_tokens > len(states))
         self.steps += 1
         self.tree_steps += num_trees > 0
 
@@ -377,8 +376,7 @@ class EchoDrafter:
         cost = self.planner.cost
         return {"plan_ms_per_step": 1e3 * self.plan_s / self.steps if self.steps else None,
                 "tree_steps": self.tree_steps, "k_max_last": self.planner.last_k_max,
-                "cost_model": cost.coef, "cost_knee": cost.knee, "tree_cost": cost.tree_cost,
-                "request_cost": cost.request_cost}
+                "cost_model": cost.coef, "cost_knee": cost.knee, "tree_cost": cost.tree_cost}
 
 
 def echo_replay(rows: list[dict], overrides: dict | None = None, batch: int = 1,

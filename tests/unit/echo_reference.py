@@ -316,11 +316,9 @@ def schedule_shared(trees: Sequence[CandidateTree], k_max: int, cap: float,
     return BudgetResult(selected, from_p1, from_p2)
 
 
-def _step_time(prices, num_tokens: int, num_trees: int, drafted: bool,
-               num_requests: int) -> float:
-    a, b, knee, tree, draft, request = prices
-    return (a + b * max(num_tokens - knee, 0.0) + tree * num_trees + draft * drafted
-            + request * num_requests)
+def _step_time(prices, num_tokens: int, num_trees: int, drafted: bool) -> float:
+    a, b, knee, tree, draft = prices
+    return a + b * max(num_tokens - knee, 0.0) + tree * num_trees + draft * drafted
 
 
 def _is_root_path(parents: np.ndarray, selected: np.ndarray) -> bool:
@@ -334,12 +332,11 @@ def _best_root_path(tree: CandidateTree, max_len: int, rest_tokens: int, rest_tr
     """No draft, or the root path to a node within ``max_len`` (past the gate's cut only
     where the step is no slower than without a draft), by expected tokens net of
     ``rate`` times the step's time."""
-    plain = _step_time(prices, rest_tokens, rest_trees, rest_tokens > step_requests,
-                       step_requests)
+    plain = _step_time(prices, rest_tokens, rest_trees, rest_tokens > step_requests)
     options = [] if must_draft else [(-1, -rate * plain)]
     for j in range(tree.size):
         depth = int(tree.depths[j])
-        time = _step_time(prices, rest_tokens + depth, rest_trees, True, step_requests)
+        time = _step_time(prices, rest_tokens + depth, rest_trees, True)
         if depth > max_len or (depth > tree.trunc_depth and time > plain):
             continue
         path, node = [], j
@@ -363,8 +360,7 @@ def shape_selection(trees: Sequence[CandidateTree], selected: Sequence[np.ndarra
     branched = [not _is_root_path(t.parents, s) for t, s in zip(trees, selected)]
     num_tokens = step_requests + sum(len(s) for s in selected)
     num_trees = sum(branched)
-    rate = (step_requests + sum(expected)) / _step_time(prices, num_tokens, num_trees, True,
-                                                        step_requests)
+    rate = (step_requests + sum(expected)) / _step_time(prices, num_tokens, num_trees, True)
     spare = k_max - (num_tokens - step_requests)
     share = k_max // max(len(trees), 1)
     out = []
@@ -374,7 +370,7 @@ def shape_selection(trees: Sequence[CandidateTree], selected: Sequence[np.ndarra
         end, value = _best_root_path(tree, limit, rest_tokens, rest_trees, step_requests,
                                      rate, not shared, prices)
         if branched[i] and trees_priced and expected[i] - rate * _step_time(
-                prices, rest_tokens + len(keep), rest_trees + 1, True, step_requests) >= value:
+                prices, rest_tokens + len(keep), rest_trees + 1, True) >= value:
             out.append(keep)
             continue
         path = []

@@ -224,8 +224,7 @@ def test_one_call_budget_and_shape_match_the_references(seed):
         trees = [random_forest(rng, n_max=30) for _ in range(int(rng.integers(1, 7)))]
     k_max, cap = int(rng.integers(0, 60)), int(rng.integers(1, 15))
     prices = (0.03, float(rng.choice([0.0, 0.001, 0.004])), float(rng.integers(0, 12)),
-              float(rng.choice([0.0, 0.002, 0.01])), float(rng.choice([0.0, 0.001])),
-              float(rng.choice([0.0, 0.003])))
+              float(rng.choice([0.0, 0.002, 0.01])), float(rng.choice([0.0, 0.001])))
     step_requests = len(trees) + int(rng.integers(0, 4))
     for shared in (True, False):
         want = schedule_budget(trees, k_max=k_max, per_request_cap=cap, shared_budget=shared)
@@ -248,10 +247,10 @@ def test_one_call_budget_chooses_by_the_cost_model_and_probes_when_nothing_pays(
     trees = [candidate([-1, 0, 1], path_probs=[0.9, 0.8, 0.7]),
              candidate([-1, 0], path_probs=[0.6, 0.5])]
     batch = concatenate(trees)
-    free = (0.03, 0.0, 0.0, 0.0, 0.0, 0.0)
+    free = (0.03, 0.0, 0.0, 0.0, 0.0)
     _, k_max, probing = choose_nodes(*batch, -1, 4, 8, 0, True, False, True, 2, free)
     assert (k_max, probing) == (4, False)  # free drafts: as many as allowed
-    dear = (0.03, 0.03, 2.0, 0.0, 0.0, 0.0)  # every draft doubles the step
+    dear = (0.03, 0.03, 2.0, 0.0, 0.0)  # every draft doubles the step
     selected, k_max, probing = choose_nodes(*batch, -1, 4, 8, 0, True, False, True, 2, dear)
     assert (k_max, probing, selected.sum()) == (0, False, 0)
     selected, k_max, probing = choose_nodes(*batch, -1, 4, 8, 2, True, True, True, 2, dear)
@@ -260,7 +259,7 @@ def test_one_call_budget_chooses_by_the_cost_model_and_probes_when_nothing_pays(
     # one request: its probe share of 4 covers the whole tree; verified as the root
     # path with the most expected tokens (0.5 + 0.4 against 0.45 + 0.1), not as a tree
     tree = concatenate([candidate([-1, 0, -1, 2], path_probs=[0.5, 0.4, 0.45, 0.1])])
-    dear = (0.03, 0.03, 1.0, 0.0, 0.0, 0.0)  # every draft doubles the step of one request
+    dear = (0.03, 0.03, 1.0, 0.0, 0.0)  # every draft doubles the step of one request
     selected, k_max, probing = choose_nodes(*tree, -1, 4, 8, 4, True, True, True, 1, dear)
     assert (k_max, probing) == (4, True)
     assert np.flatnonzero(selected).tolist() == [0, 1]

@@ -57,29 +57,6 @@ def test_cost_model_separates_the_cost_of_tree_requests():
     assert chains_only.tree_cost is None  # trees never timed: unknown, not zero
 
 
-def test_cost_model_prices_requests_apart_from_draft_tokens():
-    """A wave whose requests finish while they draft: a request costs 2.5 ms, a draft
-    token 0.7 ms. One token price fitted to both would price drafts by the requests."""
-    rng = np.random.default_rng(0)
-    model = CostModel(refit_every=1)
-    for step in range(200):
-        requests = 64 - step // 4
-        drafts = int(rng.integers(0, 3 * requests))
-        seconds = 0.03 + 0.0007 * (requests + drafts) + 0.0018 * requests
-        model.add(requests + drafts, seconds, 0, drafts > 0, True, requests)
-    assert model.coef[1] == pytest.approx(0.0007, rel=1e-4)
-    assert model.request_cost == pytest.approx(0.0018, rel=1e-4)
-    assert model.time(48 + 20, num_requests=48) == pytest.approx(
-        0.03 + 0.0007 * 68 + 0.0018 * 48, rel=1e-4)
-    steady = CostModel(refit_every=1)
-    for step in range(100):
-        drafts = int(rng.integers(0, 24))
-        steady.add(8 + drafts, 0.03 + 0.0007 * (8 + drafts) + 0.0018 * 8, 0, drafts > 0,
-                   True, 8)
-    assert steady.request_cost is None  # never seen to change: unknown, not zero
-    assert steady.coef[1] == pytest.approx(0.0007, rel=1e-4)
-
-
 def test_budget_grows_only_as_fast_as_steps_are_priced():
     """Fitted on flat steps only (a GPU below its knee), the model would call every
     candidate free; the budget stops at twice the largest step it saw, and a larger

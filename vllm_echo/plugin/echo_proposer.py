@@ -163,7 +163,6 @@ class EchoProposer(LogitSpecProposer):
             "cost_knee": planner.cost.knee,
             "tree_cost": planner.cost.tree_cost,
             "draft_cost": planner.cost.draft_cost,
-            "request_cost": planner.cost.request_cost,
         }
 
     def snapshot(self) -> dict[str, Any]:

@@ -228,23 +228,22 @@ class StepTimer:
     step). A cycle whose gap after ``propose`` is over
     ``max_gap_ratio`` times the step's own work is dropped: the engine was idle (no
     requests), not working. Fed to ``sink(num_tokens, seconds, num_trees, drafted,
-    adjacent, num_requests)``, ``adjacent`` telling whether the cycle began where the
-    previous one fed to it ended (no prefill, idle time or dropped cycle between them).
+    adjacent)``, ``adjacent`` telling whether the cycle began where the previous one fed
+    to it ended (no prefill, idle time or dropped cycle between them).
     """
 
-    def __init__(self, sink: Callable[[int, float, int, bool, bool, int], None],
+    def __init__(self, sink: Callable[[int, float, int, bool, bool], None],
                  max_gap_ratio: float = 3.0):
         self.sink = sink
         self.max_gap_ratio = max_gap_ratio
-        self._start: tuple[int, int, bool, int, float] | None = None
+        self._start: tuple[int, int, bool, float] | None = None
         self._stopped_at: float | None = None  # end of the started step's propose
         self._last_end: float | None = None  # end of the last cycle fed to the sink
 
-    def started(self, num_tokens: int, num_trees: int = 0, drafted: bool = False,
-                num_requests: int = 0) -> None:
+    def started(self, num_tokens: int, num_trees: int = 0, drafted: bool = False) -> None:
         now = time.perf_counter()
         self._close(now)
-        self._start = (num_tokens, num_trees, drafted, num_requests, now)
+        self._start = (num_tokens, num_trees, drafted, now)
 
     def skip(self) -> None:
         """A step that is not timed (it prefills) ends the previous one's cycle."""
@@ -260,10 +259,9 @@ class StepTimer:
         self._start = self._stopped_at = None
         if start is None or stopped_at is None:
             return
-        num_tokens, num_trees, drafted, num_requests, t0 = start
+        num_tokens, num_trees, drafted, t0 = start
         if now - stopped_at <= self.max_gap_ratio * (stopped_at - t0):
-            self.sink(num_tokens, now - t0, num_trees, drafted, t0 == self._last_end,
-                      num_requests)
+            self.sink(num_tokens, now - t0, num_trees, drafted, t0 == self._last_end)
             self._last_end = now
 
 

@@ -107,10 +107,8 @@ def _time_step(timer: Any, scheduler_output: Any, step: StepTrees | None) -> Non
     # timed: the model's N is what drafting adds to. Prefill steps (hundreds of
     # tokens) would decide the fit and price a draft token at the prompt's rate,
     # far below what a few drafts really add to a decode step.
-    num_requests = len(scheduler_output.num_scheduled_tokens)
-    if total == num_requests + num_drafts:
-        timer.started(int(total), len(step.trees) if step is not None else 0, num_drafts > 0,
-                      num_requests)
+    if total == len(scheduler_output.num_scheduled_tokens) + num_drafts:
+        timer.started(int(total), len(step.trees) if step is not None else 0, num_drafts > 0)
     else:
         timer.skip()
 

@@ -5,7 +5,7 @@ ECHO sets the batch budget K_max "near the hardware saturation threshold": below
 one target forward costs about the same whatever the number of verified tokens, above
 it the cost grows linearly (Eq. 2: T(K) ~ T_ar * (1 + gamma * [K - K_max]^+)).
 :class:`CostModel` fits that hinge to the decode steps the planner observes, with a
-price for tree requests, for drafting at all and for a request beyond its tokens.
+price for tree requests and for drafting at all.
 """
 
 from __future__ import annotations
@@ -25,22 +25,17 @@ _CONVERGED = 1e-9
 
 
 class CostModel:
-    """Decode step time T vs verified tokens N, tree requests R, whether the step
-    has drafts at all (D) and its requests B:
+    """Decode step time T vs verified tokens N, tree requests R and whether the step
+    has drafts at all (D):
 
-        T = a (1 + beta max(0, N - knee) + gamma R + delta D + epsilon B)
+        T = a (1 + beta max(0, N - knee) + gamma R + delta D)
 
-    (Eq. 2's hinge, plus three fixed costs). ``gamma`` is what verifying a request as
-    a tree rather than a chain adds (on CPU, another pass over its context in every
+    (Eq. 2's hinge, plus two fixed costs). ``gamma`` is what verifying a request as a
+    tree rather than a chain adds (on CPU, recomputing its rows' attention in every
     layer); ``delta`` what a step pays as soon as anything is drafted (vLLM's
-    rejection sampler instead of the plain one, and the drafting work); ``epsilon``
-    what a request costs beyond its one token (its own pass over its context, its
-    sampling and bookkeeping). Without ``epsilon`` the token price is fitted on
-    requests joining and leaving as much as on drafts, and a request costs more than a
-    draft token: in a wave whose requests finish, drafts were priced at what requests
-    cost. Each stays unknown (None) until both of its cases were timed (for
-    ``epsilon``: adjacent steps of different B), and keeps its last fitted value while
-    the window holds one case only (ECHO at batch 1 may draft in every step for
+    rejection sampler instead of the plain one, and the drafting work). Each stays
+    unknown (None) until both of its cases were timed, and keeps its last fitted value
+    while the window holds one case only (ECHO at batch 1 may draft in every step for
     thousands of steps; a price forgotten would have to be measured again at the cost
     of steps without drafts).
 
@@ -74,7 +69,6 @@ class CostModel:
         self._n: list[int] = []
         self._r: list[int] = []
         self._d: list[bool] = []
-        self._b: list[int] = []
         self._t: list[float] = []
         self._adjacent: list[bool] = []  # the step directly follows the previous sample
         self._since_fit = 0
@@ -82,38 +76,32 @@ class CostModel:
         self.knee = 0
         self.tree_cost: float | None = None  # a gamma
         self.draft_cost: float | None = None  # a delta
-        self.request_cost: float | None = None  # a epsilon
         self._gamma: float | None = None  # last fitted, relative to a
         self._delta: float | None = None
-        self._epsilon: float | None = None
         self.fits = 0
         self._fitted_max = 0  # largest step size in the samples of the current fit
 
     @classmethod
     def fixed(cls, a: float, b: float, knee: int = 0, tree_cost: float | None = None,
-              draft_cost: float | None = None,
-              request_cost: float | None = None) -> "CostModel":
-        """A model T = a + b max(0, N - knee) + tree_cost R + draft_cost D +
-        request_cost B that never refits (tests, simulations)."""
+              draft_cost: float | None = None) -> "CostModel":
+        """A model T = a + b max(0, N - knee) + tree_cost R + draft_cost D that never
+        refits (tests, simulations)."""
         model = cls(min_samples=1 << 62)
         model.coef, model.knee = (float(a), float(b)), int(knee)
         model.tree_cost, model.draft_cost = tree_cost, draft_cost
-        model.request_cost = request_cost
         return model
 
     def add(self, num_tokens: int, seconds: float, num_trees: int = 0,
-            drafted: bool = False, adjacent: bool = True, num_requests: int = 0) -> None:
+            drafted: bool = False, adjacent: bool = True) -> None:
         if num_tokens <= 0 or not seconds > 0:
             return
         self._n.append(num_tokens)
         self._r.append(num_trees)
         self._d.append(bool(drafted))
-        self._b.append(num_requests)
         self._t.append(seconds)
         self._adjacent.append(bool(adjacent))
         if len(self._n) > self.window:
-            del (self._n[0], self._r[0], self._d[0], self._b[0], self._t[0],
-                 self._adjacent[0])
+            del self._n[0], self._r[0], self._d[0], self._t[0], self._adjacent[0]
         self._since_fit += 1
         # A step larger than any the fit saw is refitted at once: the budget grows
         # toward unmeasured sizes only as fast as they are priced (trusted_size).
@@ -123,18 +111,16 @@ class CostModel:
                 and len(set(self._n)) >= self.min_distinct):
             self._fit()
 
-    def time(self, num_tokens: int, num_trees: int = 0, drafted: bool = False,
-             num_requests: int = 0) -> float:
+    def time(self, num_tokens: int, num_trees: int = 0, drafted: bool = False) -> float:
         """Modelled time of one step (needs a fit)."""
         return step_time(self.prices(), float(num_tokens), float(num_trees),
-                         float(bool(drafted)), float(num_requests))
+                         float(bool(drafted)))
 
-    def prices(self) -> tuple[float, float, float, float, float, float]:
-        """(a, b, knee, tree cost, draft cost, request cost) for the compiled choices
-        of vllm_echo.algos.echo.pricing (needs a fit; an unmeasured cost counts 0)."""
+    def prices(self) -> tuple[float, float, float, float, float]:
+        """(a, b, knee, tree cost, draft cost) for the compiled choices of
+        vllm_echo.algos.echo.pricing (needs a fit; an unmeasured cost counts 0)."""
         a, b = self.coef
-        return (a, b, float(self.knee), self.tree_cost or 0.0, self.draft_cost or 0.0,
-                self.request_cost or 0.0)
+        return (a, b, float(self.knee), self.tree_cost or 0.0, self.draft_cost or 0.0)
 
     def trusted_size(self) -> int | None:
         """Largest step (verified tokens) the model may be asked to price: twice the
@@ -151,25 +137,13 @@ class CostModel:
         return (min(nonzero, values.size - nonzero) >= self.min_case_samples
                 and bool(np.any(values[1:] != values[:-1])))
 
-    def _changes(self, values: np.ndarray, paired: np.ndarray) -> bool:
-        """Whether ``values`` differ across enough of the fitted pairs (a ratio sees
-        the change)."""
-        return int(np.count_nonzero((values[1:] != values[:-1]) & (paired[1:] > 0))) \
-            >= self.min_case_samples
-
     def _fit(self) -> None:
         self._since_fit = 0
         n = np.asarray(self._n, dtype=np.float64)
         r = np.asarray(self._r, dtype=np.float64)
         d = np.asarray(self._d, dtype=np.float64)
-        b = np.asarray(self._b, dtype=np.float64)
         t = np.asarray(self._t, dtype=np.float64)
-        # The pair ending at sample i counts if i and i - 1 both directly follow their
-        # predecessor: the first step after a gap compares with neither neighbour.
-        adjacent = np.asarray(self._adjacent, dtype=np.float64)
-        paired = adjacent * np.concatenate([[0.0], adjacent[:-1]])
         with_trees, with_drafts = self._both_cases(r), self._both_cases(d)
-        with_requests = self._changes(b, paired)
         sizes, counts = np.unique(n, return_counts=True)
         past = counts[::-1].cumsum()[::-1] - counts  # samples larger than each size
         knots = sizes[past >= self.min_case_samples]  # samples past a knot price it
@@ -179,96 +153,93 @@ class CostModel:
             knots = np.unique(np.quantile(knots, np.linspace(0, 1, self.max_knots)).round())
         # Fitted where both cases are in the window, else held at the last fitted price
         # (0 before any: then the column does not matter).
-        free = np.array([True, with_trees, with_drafts, with_requests])
-        start = np.array([0.0, self._gamma or 0.0, self._delta or 0.0, self._epsilon or 0.0])
-        knee, (beta, gamma, delta, epsilon) = _fit_shape(
-            n, np.stack([r, d, b], axis=1), np.log(t), knots, start, free, paired)
+        free = np.array([True, with_trees, with_drafts])
+        start = np.array([0.0, self._gamma or 0.0, self._delta or 0.0])
+        # The pair ending at sample i counts if i and i - 1 both directly follow their
+        # predecessor: the first step after a gap compares with neither neighbour.
+        adjacent = np.asarray(self._adjacent, dtype=np.float64)
+        paired = adjacent * np.concatenate([[0.0], adjacent[:-1]])
+        knee, (beta, gamma, delta) = _fit_shape(n, r, d, np.log(t), knots, start, free,
+                                                paired)
         if with_trees:
             self._gamma = gamma
         if with_drafts:
             self._delta = delta
-        if with_requests:
-            self._epsilon = epsilon
-        shape = (1.0 + beta * np.maximum(n - knee, 0.0) + gamma * r + delta * d
-                 + epsilon * b)
+        shape = 1.0 + beta * np.maximum(n - knee, 0.0) + gamma * r + delta * d
         a = float(np.median((t / shape)[-self.level_window:]))
         self.coef, self.knee = (a, a * beta), int(knee)
         self.tree_cost = None if self._gamma is None else a * self._gamma
         self.draft_cost = None if self._delta is None else a * self._delta
-        self.request_cost = None if self._epsilon is None else a * self._epsilon
         self._fitted_max = int(n.max())
         self.fits += 1
 
 
 @njit(cache=True)
-def _solve(m, v):
-    """m x = v for a small symmetric positive (semi)definite m (Gaussian elimination;
+def _solve3(m, v):
+    """m x = v for a 3 x 3 symmetric positive (semi)definite m (Gaussian elimination;
     numba's np.linalg.solve needs scipy)."""
-    size = v.size
     a = m.copy()
     x = v.copy()
-    for k in range(size):
-        for i in range(k + 1, size):
+    for k in range(3):
+        for i in range(k + 1, 3):
             factor = a[i, k] / a[k, k]
-            for j in range(k, size):
+            for j in range(k, 3):
                 a[i, j] -= factor * a[k, j]
             x[i] -= factor * x[k]
-    for k in range(size - 1, -1, -1):
-        for j in range(k + 1, size):
+    for k in range(2, -1, -1):
+        for j in range(k + 1, 3):
             x[k] -= a[k, j] * x[j]
         x[k] /= a[k, k]
     return x
 
 
 @njit(cache=True)
-def _gauss_newton(h, fixed, prev, cur, w_sum, w_log_sum, w_log2_sum, start, free):
-    """theta = (beta, then one price per column of ``fixed``) >= 0 minimising the
-    weighted squared error of log(t_i / t_{i-1}) against log(F_i / F_{i-1}),
-    F = 1 + beta h + fixed . theta[1:], over consecutive samples, from ``start`` and
-    moving only the ``free`` ones; that error, and log F of each kind of step.
+def _gauss_newton(h, r, d, prev, cur, w_sum, w_log_sum, w_log2_sum, start, free):
+    """(beta, gamma, delta) >= 0 minimising the weighted squared error of
+    log(t_i / t_{i-1}) against log(F_i / F_{i-1}), F = 1 + beta h + gamma r + delta d,
+    over consecutive samples, from ``start`` and moving only the ``free`` ones; that
+    error, and log F of each kind of step.
 
-    F depends on a sample only through its kind (``h`` and a row of ``fixed`` per
-    kind), so the pairs come summed by kinds: pair type p goes from kind ``prev[p]``
-    to ``cur[p]``, with the sums of its pairs' weights, weighted log ratios and their
-    squares: the same sums as pair by pair, with a logarithm per kind instead of per
-    sample."""
+    F depends on a sample only through its kind (``h``, ``r``, ``d`` per kind), so the
+    pairs come summed by kinds: pair type p goes from kind ``prev[p]`` to ``cur[p]``,
+    with the sums of its pairs' weights, weighted log ratios and their squares: the
+    same sums as pair by pair, with a logarithm per kind instead of per sample."""
     theta = start.copy()
-    size = theta.size
     kinds = h.size
     f = np.zeros(kinds)
-    jac = np.zeros((kinds, size))
-    jtj = np.zeros((size, size))
-    jte = np.zeros(size)
-    dj = np.zeros(size)
+    jac = np.zeros((kinds, 3))
+    jtj = np.zeros((3, 3))
+    jte = np.zeros(3)
+    dj = np.zeros(3)
     for _ in range(_GAUSS_NEWTON_STEPS):
-        _log_shape(theta, h, fixed, f, jac)
+        _log_shape(theta, h, r, d, f, jac)
         jtj[:] = 0.0
         jte[:] = 0.0
         for p in range(prev.size):
             a, b = prev[p], cur[p]
             residual = w_log_sum[p] - w_sum[p] * (f[b] - f[a])  # sum of weight x error
-            for k in range(size):
+            for k in range(3):
                 dj[k] = jac[b, k] - jac[a, k]
-            for k in range(size):
+            for k in range(3):
                 jte[k] += residual * dj[k]
-                for m in range(size):
+                for m in range(3):
                     jtj[k, m] += w_sum[p] * dj[k] * dj[m]
-        for k in range(size):
+        for k in range(3):
             if not free[k]:  # held: no step in its direction
                 jtj[k, :] = 0.0
                 jtj[:, k] = 0.0
                 jtj[k, k] = 1.0
                 jte[k] = 0.0
             jtj[k, k] += 1e-12  # an unidentified direction (no such change) stays put
-        step = _solve(jtj, jte)
+        step = _solve3(jtj, jte)
         moved = 0.0
-        for k in range(size):
+        for k in range(3):
             new = max(theta[k] + step[k], 0.0)  # time never falls with more work
             moved = max(moved, abs(new - theta[k]))
             theta[k] = new
         if moved < _CONVERGED:
             break
-    _log_shape(theta, h, fixed, f, jac)
+    _log_shape(theta, h, r, d, f, jac)
     sse = 0.0
     for p in range(prev.size):
         change = f[cur[p]] - f[prev[p]]
@@ -277,54 +248,47 @@ def _gauss_newton(h, fixed, prev, cur, w_sum, w_log_sum, w_log2_sum, start, free
 
 
 @njit(cache=True)
-def _log_shape(theta, h, fixed, f, jac):
-    """log F per kind into ``f``, and its gradient in theta into ``jac``."""
+def _log_shape(theta, h, r, d, f, jac):
+    """log F per kind into ``f``, and its gradient in (beta, gamma, delta) into ``jac``."""
     for k in range(h.size):
-        shape = 1.0 + theta[0] * h[k]
-        for c in range(fixed.shape[1]):
-            shape += theta[c + 1] * fixed[k, c]
+        shape = 1.0 + theta[0] * h[k] + theta[1] * r[k] + theta[2] * d[k]
         f[k] = np.log(shape)
-        jac[k, 0] = h[k] / shape
-        for c in range(fixed.shape[1]):
-            jac[k, c + 1] = fixed[k, c] / shape
+        jac[k, 0], jac[k, 1], jac[k, 2] = h[k] / shape, r[k] / shape, d[k] / shape
 
 
 @njit(cache=True)
-def _fit_knees(n, fixed, prev, cur, w_sum, w_log_sum, w_log2_sum, knots, start, free):
+def _fit_knees(n, r, d, prev, cur, w_sum, w_log_sum, w_log2_sum, knots, start, free):
     best_sse, best_knee, best_theta = np.inf, 0.0, start.copy()
     best_f = np.zeros(n.size)
     theta = start
     for knee in knots:  # ascending: ties keep the smaller knee (it prices more)
         # Each knee's fit starts from the last one's: neighbouring knees fit alike.
-        theta, sse, f = _gauss_newton(np.maximum(n - knee, 0.0), fixed, prev, cur, w_sum,
+        theta, sse, f = _gauss_newton(np.maximum(n - knee, 0.0), r, d, prev, cur, w_sum,
                                       w_log_sum, w_log2_sum, theta, free)
         if sse < best_sse - 1e-15:
             best_sse, best_knee, best_theta, best_f = sse, knee, theta, f
     return best_knee, best_theta, best_f
 
 
-def _fit_shape(n: np.ndarray, fixed: np.ndarray, log_t: np.ndarray, knots: np.ndarray,
-               start: np.ndarray, free: np.ndarray, weight: np.ndarray
+def _fit_shape(n: np.ndarray, r: np.ndarray, d: np.ndarray, log_t: np.ndarray,
+               knots: np.ndarray, start: np.ndarray, free: np.ndarray, weight: np.ndarray
                ) -> tuple[float, np.ndarray]:
-    """(knee, (beta, a price per column of ``fixed``)) from the log time ratios of
-    consecutive samples (``weight[i]``: the pair ending at sample i, 0 where it is no
-    pair), refitted once without the pairs far off the first fit."""
-    # Kinds of step (n and the fixed costs' counts), and the pairs' types (kind before,
-    # kind after).
-    rows = np.column_stack([n, fixed])
-    kinds, first, kind_of = np.unique(rows, axis=0, return_index=True, return_inverse=True)
-    kind_of = kind_of.reshape(-1)
-    num_kinds = kinds.shape[0]
-    pair_key = kind_of[:-1] * num_kinds + kind_of[1:]
+    """(knee, (beta, gamma, delta)) from the log time ratios of consecutive samples
+    (``weight[i]``: the pair ending at sample i, 0 where it is no pair), refitted once
+    without the pairs far off the first fit."""
+    # Kinds of step (n, r, d), and the pairs' types (kind before, kind after).
+    key = (n * (r.max() + 1.0) + r) * 2.0 + d
+    kinds, first, kind_of = np.unique(key, return_index=True, return_inverse=True)
+    pair_key = kind_of[:-1] * kinds.size + kind_of[1:]
     types, type_of = np.unique(pair_key, return_inverse=True)
-    prev, cur = types // num_kinds, types % num_kinds
+    prev, cur = types // kinds.size, types % kinds.size
     log_ratio = log_t[1:] - log_t[:-1]
-    n_k, fixed_k = n[first], np.ascontiguousarray(fixed[first])
+    n_k, r_k, d_k = n[first], r[first], d[first]
 
     def fit(w: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
         sums = [np.bincount(type_of, w * x, minlength=types.size)
                 for x in (1.0, log_ratio, log_ratio * log_ratio)]
-        return _fit_knees(n_k, fixed_k, prev, cur, *sums, knots, start, free)
+        return _fit_knees(n_k, r_k, d_k, prev, cur, *sums, knots, start, free)
 
     pair_weight = weight[1:]
     knee, theta, f = fit(pair_weight)
@@ -341,4 +305,4 @@ def warm_up() -> None:
     """Compile the fit (a decode step should not pay for it)."""
     model = CostModel(min_samples=4, min_distinct=3)
     for n, drafted in ((1, 0), (3, 1), (5, 1), (1, 0)):
-        model.add(n, 0.01 + 0.001 * n + 0.001 * drafted, 0, drafted, num_requests=1)
+        model.add(n, 0.01 + 0.001 * n + 0.001 * drafted, 0, drafted)

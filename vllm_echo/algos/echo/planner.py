@@ -89,7 +89,7 @@ _HEAD_PRIOR_MEAN = 0.1
 _MIN_CALIBRATION_SAMPLES = 10
 _NO_DRAFT = (np.empty(0, np.int32), np.empty(0, np.int32))  # (token_ids, parents)
 # Prices passed while the cost model has no fit (warm-up: a fixed budget, no shape).
-_UNPRICED = (1.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+_UNPRICED = (1.0, 0.0, 0.0, 0.0, 0.0)
 
 
 def head_bucket(logp: np.ndarray) -> np.ndarray:

@@ -10,9 +10,8 @@ acceptance rate a draft needs, once per refit. Compiled, and in one call, becaus
 numpy each is a dozen small calls per step or request, and once a forward has left the
 caches cold every such call, and every call into a kernel, costs far more than its
 arithmetic. ``prices`` is :meth:`CostModel.prices`: (a, b, knee, tree cost, draft
-cost, request cost), a step of B requests verifying N tokens (drafts included), R of
-them as trees, with D (0 or 1) drafts at all costing
-a + b max(0, N - knee) + tree R + draft D + request B.
+cost), a step of N verified tokens, R tree requests and D (0 or 1) drafts costing
+a + b max(0, N - knee) + tree R + draft D.
 """
 
 from __future__ import annotations
@@ -24,11 +23,10 @@ from vllm_echo.algos.echo.budget import select_nodes
 
 
 @njit(cache=True)
-def step_time(prices, num_tokens, num_trees, drafted, num_requests):
+def step_time(prices, num_tokens, num_trees, drafted):
     """The modelled time of a step (the one formula: :meth:`CostModel.time` calls it)."""
-    a, b, knee, tree, draft, request = prices
-    return (a + b * max(num_tokens - knee, 0.0) + tree * num_trees + draft * drafted
-            + request * num_requests)
+    a, b, knee, tree, draft = prices
+    return a + b * max(num_tokens - knee, 0.0) + tree * num_trees + draft * drafted
 
 
 @njit(cache=True)
@@ -36,13 +34,11 @@ def best_budget(probs, most, num_requests, prices):
     """The k in 0..min(``most``, candidates) maximising (B + sum of the k best ``probs``)
     / T(B + k), B = ``num_requests``; the smallest on ties."""
     ordered = np.sort(probs)[::-1]
-    best_k, best_rate = 0, num_requests / step_time(prices, num_requests, 0, 0.0,
-                                                    num_requests)
+    best_k, best_rate = 0, num_requests / step_time(prices, num_requests, 0, 0.0)
     total = 0.0
     for k in range(1, min(most, ordered.size) + 1):
         total += ordered[k - 1]
-        rate = (num_requests + total) / step_time(prices, num_requests + k, 0, 1.0,
-                                                  num_requests)
+        rate = (num_requests + total) / step_time(prices, num_requests + k, 0, 1.0)
         if rate > best_rate:
             best_k, best_rate = k, rate
     return best_k
@@ -63,7 +59,7 @@ def best_root_path(parents, scores, depths, max_len, trunc_depth, rest_tokens, r
     n = parents.size
     path_sum = np.empty(n)
     plain = step_time(prices, rest_tokens, rest_trees,
-                      1.0 if rest_tokens > step_requests else 0.0, step_requests)
+                       1.0 if rest_tokens > step_requests else 0.0)
     best_end, best_value = -1, -rate * plain
     found = False
     for j in range(n):  # parent-first order
@@ -72,7 +68,7 @@ def best_root_path(parents, scores, depths, max_len, trunc_depth, rest_tokens, r
             path_sum[j] += path_sum[parents[j]]
         if depths[j] > max_len:
             continue
-        time = step_time(prices, rest_tokens + depths[j], rest_trees, 1.0, step_requests)
+        time = step_time(prices, rest_tokens + depths[j], rest_trees, 1.0)
         if depths[j] > trunc_depth and time > plain:
             continue
         value = path_sum[j] - rate * time
@@ -180,8 +176,7 @@ def _shape_requests(offsets, parents, scores, depths, trunc_depths, selected, k_
     total_expected = 0.0
     for r in range(num_trees):
         total_expected += expected[r]
-    rate = (step_requests + total_expected) / step_time(prices, num_tokens, num_branched, 1.0,
-                                                        step_requests)
+    rate = (step_requests + total_expected) / step_time(prices, num_tokens, num_branched, 1.0)
     spare = k_max - (num_tokens - step_requests)
     share = k_max // max(num_trees, 1)
     for r in range(num_trees):
@@ -194,7 +189,7 @@ def _shape_requests(offsets, parents, scores, depths, trunc_depths, selected, k_
                                     rate, not shared, prices)
         if branched[r] and trees_priced:
             as_tree = expected[r] - rate * step_time(prices, rest_tokens + kept,
-                                                     rest_trees + 1, 1.0, step_requests)
+                                                     rest_trees + 1, 1.0)
             if as_tree >= value:
                 continue
         length = _select_path(selected, parents, lo, hi, end)
@@ -207,10 +202,10 @@ def break_even_probability(prices, num_requests, max_drafts):
     """min over k in 1..``max_drafts`` of B (T(B + k) / T(B) - 1) / k, B =
     ``num_requests``: the acceptance probability a draft node needs, at the best draft
     size, to pay for itself."""
-    plain = step_time(prices, num_requests, 0, 0.0, num_requests)
+    plain = step_time(prices, num_requests, 0, 0.0)
     best = np.inf
     for k in range(1, max_drafts + 1):
-        extra = step_time(prices, num_requests + k, 0, 1.0, num_requests) / plain - 1.0
+        extra = step_time(prices, num_requests + k, 0, 1.0) / plain - 1.0
         best = min(best, num_requests * extra / k)
     return best
 
@@ -218,6 +213,6 @@ def break_even_probability(prices, num_requests, max_drafts):
 def warm_up() -> None:
     """Compile the pricing kernels a fitted cost model calls (choose_nodes is compiled
     by planner.warm_up, with the dtypes a step passes)."""
-    prices = (0.03, 0.001, 4.0, 0.01, 0.002, 0.001)
-    step_time(prices, 5.0, 1.0, 1.0, 1.0)  # as CostModel.time calls it
+    prices = (0.03, 0.001, 4.0, 0.01, 0.002)
+    step_time(prices, 5.0, 1.0, 1.0)  # as CostModel.time calls it
     break_even_probability(prices, 1, 64)
