@@ -7,31 +7,23 @@ import numpy as np
 import pytest
 import torch
 
+from test_flex_tree_mask import random_tree_rows  # tests/unit (tests/conftest.py)
 from vllm_echo.algos.tree import ancestor_mask
-from vllm_echo.plugin import tree_state
 from vllm_echo.plugin.flex_tree_attention import step_mask_tables, tree_mask_mod
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
-def _tree(rng, num_nodes, query_start, context_len):
-    parents = np.array([-1] + [int(rng.integers(-1, j)) for j in range(1, num_nodes)], np.int32)
-    draft = tree_state.TreeDraft(np.arange(num_nodes, dtype=np.int32) + 100, parents)
-    rows = tree_state.tree_rows("r", 0, query_start, context_len, draft, draft.token_ids.tolist())
-    assert rows is not None
-    return rows
-
-
 def _packed_step(rng):
     """Three requests packed as vLLM lays them out: a tree, three plain query tokens,
     a wider tree. Returns the trees, per-query (request, logical position), per-key
-    (request, logical position) and the dense mask vLLM's composition must give."""
-    q_req, q_pos, kv_req, kv_pos, trees, dense_rows = [], [], [], [], [], []
+    (request, logical position) and the dense mask vLLM's composition must give (block
+    diagonal: each request's queries see its own keys only)."""
+    q_req, q_pos, kv_req, kv_pos, trees, blocks = [], [], [], [], [], []
     for req, (kind, size, context_len) in enumerate(
             [("tree", 40, 37), ("plain", 3, 20), ("tree", 70, 130)]):
-        query_start = len(q_req)
         if kind == "tree":  # the root (the last verified token) and its drafts
-            tree = _tree(rng, size, query_start, context_len)
+            tree = random_tree_rows(rng, size, len(q_req), context_len)
             trees.append(tree)
             n_q = tree.num_rows
             block = np.ones((n_q, context_len + n_q), dtype=bool)
@@ -39,20 +31,14 @@ def _packed_step(rng):
         else:
             n_q = size
             block = np.arange(context_len + n_q)[None, :] <= (context_len + np.arange(n_q))[:, None]
-        n_kv = context_len + n_q
         q_req += [req] * n_q
         q_pos += list(range(context_len, context_len + n_q))
-        kv_req += [req] * n_kv
-        kv_pos += list(range(n_kv))
-        dense_rows.append((block, req))
-    kv_req_np = np.array(kv_req)
-    dense = np.zeros((len(q_req), len(kv_req)), dtype=bool)
-    row = 0
-    for block, req in dense_rows:
-        dense[row:row + block.shape[0], kv_req_np == req] = block
-        row += block.shape[0]
+        kv_req += [req] * (context_len + n_q)
+        kv_pos += list(range(context_len + n_q))
+        blocks.append(torch.from_numpy(block))
     as_cuda = lambda xs: torch.tensor(xs, dtype=torch.int64, device="cuda")  # noqa: E731
-    return trees, as_cuda(q_req), as_cuda(q_pos), as_cuda(kv_req), as_cuda(kv_pos), dense
+    return (trees, as_cuda(q_req), as_cuda(q_pos), as_cuda(kv_req), as_cuda(kv_pos),
+            torch.block_diag(*blocks))
 
 
 def test_tables_built_on_cuda_equal_the_cpu_tables():
@@ -87,6 +73,6 @@ def test_compiled_flex_attention_with_the_tree_mask_equals_dense_attention(dtype
                for n in (n_q, n_kv, n_kv))
     got = torch.compile(flex.flex_attention)(q, k, v, block_mask=block_mask)
     want = torch.nn.functional.scaled_dot_product_attention(
-        q.float(), k.float(), v.float(), attn_mask=torch.from_numpy(dense).cuda())
+        q.float(), k.float(), v.float(), attn_mask=dense.cuda())
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)

@@ -14,7 +14,7 @@ from vllm_echo.plugin import tree_state
 from vllm_echo.plugin.flex_tree_attention import step_mask_tables, tree_mask_mod
 
 
-def _tree(rng, num_nodes, query_start, context_len):
+def random_tree_rows(rng, num_nodes, query_start, context_len):
     parents = np.array([-1] + [int(rng.integers(-1, j)) for j in range(1, num_nodes)], np.int32)
     draft = tree_state.TreeDraft(np.arange(num_nodes, dtype=np.int32) + 100, parents)
     rows = tree_state.tree_rows("r", 0, query_start, context_len, draft, draft.token_ids.tolist())
@@ -26,7 +26,7 @@ def _tree(rng, num_nodes, query_start, context_len):
 def test_mask_mod_gives_prefix_plus_ancestors(num_nodes):
     rng = np.random.default_rng(num_nodes)
     before, context_len = 3, 11  # 3 query tokens of a request without a tree come first
-    tree = _tree(rng, num_nodes, before, context_len)
+    tree = random_tree_rows(rng, num_nodes, before, context_len)
     total = before + tree.num_rows
     tree_start, anc_words = step_mask_tables([tree], total)
     mask_mod = tree_mask_mod(lambda q, kv: kv, tree_start, anc_words)
@@ -44,7 +44,7 @@ def test_flex_attention_with_the_tree_mask_equals_dense_attention():
     flex = pytest.importorskip("torch.nn.attention.flex_attention")
     rng = np.random.default_rng(0)
     context_len, heads, dim = 20, 2, 16
-    tree = _tree(rng, 12, 0, context_len)
+    tree = random_tree_rows(rng, 12, 0, context_len)
     n_q, n_kv = tree.num_rows, context_len + tree.num_rows
     tree_start, anc_words = step_mask_tables([tree], n_q)
 
