@@ -2,7 +2,8 @@
 """A step with trees on vLLM's CPU kernel (cpu_tree_attention.PathWaves): each row's
 output equals attention over its request's context and its own root path (a plain row:
 its causal prefix), computed in float64 from the same K/V; padding rows are left alone
-and the paged cache ends as vLLM wrote it. Real vLLM CPU ops, no engine."""
+and the paged cache ends as vLLM wrote it; compaction of a path off the first branch
+writes just that path's K/V. Real vLLM CPU ops, no engine."""
 
 from types import SimpleNamespace
 
@@ -13,8 +14,8 @@ from vllm import _custom_ops as ops
 from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
 from vllm_echo.algos.tree import ancestor_mask, causal_prefix_length, uncovered_paths
-from vllm_echo.plugin.cpu_tree_attention import PathWaves
-from vllm_echo.plugin.tree_state import TreeDraft, tree_rows
+from vllm_echo.plugin.cpu_tree_attention import PathWaves, compact_accepted_path
+from vllm_echo.plugin.tree_state import StepTrees, TreeDraft, tree_rows
 
 HEADS, KV_HEADS, HEAD_SIZE, BLOCK_SIZE, NUM_BLOCKS = 4, 2, 64, 32, 24
 
@@ -82,10 +83,11 @@ def test_tree_rows_match_attention_over_context_and_root_path(dtype):
                                                                           dtype=torch.int32))
     impl = SimpleNamespace(num_heads=HEADS, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE,
                            scale=HEAD_SIZE ** -0.5, kv_cache_dtype="auto")
-    layer = SimpleNamespace(isa=isa, _k_scale_float=1.0, _v_scale_float=1.0)
+    layer = SimpleNamespace(isa=isa, _k_scale_float=1.0, _v_scale_float=1.0,
+                            layer_name="layer0")
     out = torch.full((padded, HEADS, HEAD_SIZE), float("nan"), dtype=dtype)
-    PathWaves.build(trees, metadata).run(impl, layer, query, key, value, key_cache,
-                                         value_cache, metadata, out)
+    waves = PathWaves.build(trees, metadata)
+    k_cap, v_cap = waves.run(impl, layer, query, key, value, key_cache, value_cache, out)
 
     assert torch.equal(kv_cache, cache_as_written)
     assert torch.isnan(out[tokens:].float()).all()
@@ -106,3 +108,17 @@ def test_tree_rows_match_attention_over_context_and_root_path(dtype):
             expected = torch.einsum("ht,thd->hd", weights, values)
             torch.testing.assert_close(out[qs + r].double(), expected, atol=tolerance,
                                        rtol=tolerance, msg=f"request {req} row {r}")
+
+    # request 1 accepts nodes 3 and 4 (off its first branch): compaction writes their
+    # K/V from the capture to the slots of its rows 1 and 2, and nothing else
+    step = StepTrees(trees, None, attention_layers=[layer], cpu_waves=waves,
+                     captured={"layer0": (layer, impl, k_cap, v_cap, kv_cache)})
+    compact_accepted_path(trees[0], 0, [3, 4], step)
+    qs = int(query_start[1])
+    want = cache_as_written.clone()
+    want_key, want_value = want.view(
+        NUM_BLOCKS, KV_HEADS, 2 * BLOCK_SIZE, HEAD_SIZE).chunk(2, dim=2)
+    ops.cpu_attn_reshape_and_cache(key[qs + 4:qs + 6], value[qs + 4:qs + 6], want_key,
+                                   want_value, slot_mapping[qs + 1:qs + 3], isa)
+    assert not torch.equal(want, cache_as_written)
+    assert torch.equal(kv_cache, want)

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from vllm.v1.outputs import SamplerOutput
+
 from vllm_echo.plugin.runner_hooks import LastLogitsTopK, install_sample_hook, runner_on_stack
 from vllm_echo.plugin.tree_runner import install_prepare_hook, verify_step_trees
 from vllm_echo.plugin.tree_state import (StepTrees, TreeContext, TreeDraft, attach_to_runner,
@@ -21,7 +23,8 @@ PARENTS = np.array([-1, 0, -1], dtype=np.int32)
 
 
 class StandInRunner:
-    """One request in the batch; ``_sample`` returns vLLM's chain sample of the root."""
+    """One greedy request in the batch; ``_sample`` (the rejection sampler's call)
+    returns vLLM's chain sample of the root, ``sampler`` samples the rows it is given."""
 
     def __init__(self, req_id: str):
         self.req_id = req_id
@@ -30,15 +33,23 @@ class StandInRunner:
         self.input_batch = SimpleNamespace(
             req_ids=[req_id], req_id_to_index={req_id: 0},
             num_computed_tokens_cpu=np.array([CONTEXT_LEN]),
-            sampling_metadata=SimpleNamespace(all_greedy=True))
+            sampling_metadata=SimpleNamespace(all_greedy=True, max_num_logprobs=None,
+                                              logprob_token_ids=None),
+            update_async_output_token_ids=lambda: None)
+        self.rejection_sampler_calls = 0
 
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
         return "prepared"
 
     def _sample(self, logits, spec_decode_metadata):
-        sampled = torch.full((1, 4), -1, dtype=torch.long)
+        self.rejection_sampler_calls += 1
+        sampled = torch.full((1, 4), -1, dtype=torch.int32)
         sampled[0, 0] = int(logits[0].argmax())
-        return SimpleNamespace(sampled_token_ids=sampled)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
+
+    def sampler(self, logits, sampling_metadata, predict_bonus_token):
+        sampled = logits.argmax(dim=-1).to(torch.int32).unsqueeze(-1)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
 
 
 def _hooked(req_id: str, tree_context: TreeContext, compactions: list) -> StandInRunner:
@@ -98,15 +109,20 @@ def test_two_engines_keep_their_own_trees_steps_verdicts_and_counters():
     # A: the root's argmax is the second branch (node 2), whose row gives the bonus
     assert _sample(runner_a, [20, 0, 0, 7]) == [20, 7, -1, -1]
     assert context_a.step is None and context_b.step is not None
-    assert context_a.counters == {"tree_verifications": 1, "tree_compactions": 1}
-    assert context_b.counters == {"tree_verifications": 0, "tree_compactions": 0}
+    assert context_a.counters == {"tree_verifications": 1, "tree_compactions": 1,
+                                  "tree_only_steps": 1}
+    assert context_b.counters == {"tree_verifications": 0, "tree_compactions": 0,
+                                  "tree_only_steps": 0}
     assert context_a.last_paths == {"a": [2]}
+    assert runner_a.rejection_sampler_calls == 0  # a step of greedy trees only
 
     # B: the first branch, already in place
     assert _sample(runner_b, [30, 31, 9, 0]) == [30, 31, 9, -1]
     assert context_b.step is None
-    assert context_b.counters == {"tree_verifications": 1, "tree_compactions": 0}
-    assert context_a.counters == {"tree_verifications": 1, "tree_compactions": 1}
+    assert context_b.counters == {"tree_verifications": 1, "tree_compactions": 0,
+                                  "tree_only_steps": 1}
+    assert context_a.counters == {"tree_verifications": 1, "tree_compactions": 1,
+                                  "tree_only_steps": 1}
     assert context_b.last_paths == {}  # B's proposer asked for no verdicts
     assert compactions == [("a", [2]), ("b", [0, 1])]  # each step compacts its own tree
 
@@ -117,7 +133,9 @@ def test_a_context_without_trees_leaves_the_step_empty():
     _schedule(runner, [10, 11, 20])
     assert context.step is None
     assert _sample(runner, [20, 0, 0, 7]) == [20, -1, -1, -1]  # vLLM's chain sample
-    assert context.counters == {"tree_verifications": 0, "tree_compactions": 0}
+    assert runner.rejection_sampler_calls == 1
+    assert context.counters == {"tree_verifications": 0, "tree_compactions": 0,
+                                  "tree_only_steps": 0}
 
 
 def test_a_flex_step_whose_mask_was_never_built_accepts_no_draft():

@@ -3,9 +3,9 @@
 
 The native CPU kernel (``ops.cpu_attention_with_kv_cache``) takes no mask. A tree row
 attends to the context and its own root path, which is what a chain over that path
-gets, so a subclass of the CPU_ATTN backend runs the kernel once as vLLM does, less
-the tree rows causal attention would get wrong, and then once per root path off the
-first branch, verified as a chain (``PathWaves``). Nothing is read back from the
+gets, so a subclass of the CPU_ATTN backend runs the kernel once as vLLM does (the
+tree rows causal attention would get wrong split off, computed as garbage), and then
+once per root path off the first branch, verified as a chain (``PathWaves``). Nothing is read back from the
 paged cache, whose packing is the kernel's business. Steps without a tree never
 leave vLLM's own call.
 """
@@ -40,22 +40,6 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
         context = self.tree_context
         return context.step if context is not None else None
 
-    def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
-        super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
-        step = self._tree_step()
-        if step is not None and step.trees:
-            # Keep the tree rows' K/V: after verification the accepted path is
-            # re-written to consecutive slots with the same op (compaction). A layer
-            # that fails here is missing from the capture, so compaction refuses the
-            # step and only accepted nodes already in place are kept.
-            try:
-                rows = step.all_rows
-                step.captured[layer.layer_name] = (layer, self, key.index_select(0, rows),
-                                                   value.index_select(0, rows), kv_cache,
-                                                   slot_mapping.index_select(0, rows))
-            except Exception:
-                pass
-
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 output_scale=None, output_block_scale=None):
         step = self._tree_step()
@@ -69,8 +53,12 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
             waves = step.cpu_waves
             if waves is None:
                 waves = step.cpu_waves = PathWaves.build(step.trees, attn_metadata)
-            waves.run(self, layer, query, key, value, key_cache, value_cache, attn_metadata,
-                      output.view(output.shape[0], self.num_heads, self.head_size))
+            k_cap, v_cap = waves.run(self, layer, query, key, value, key_cache, value_cache,
+                                     output.view(output.shape[0], self.num_heads,
+                                                 self.head_size))
+            # after verification an accepted path off the first branch is re-written
+            # from these to consecutive slots (compaction), with the same op
+            step.captured[layer.layer_name] = (layer, self, k_cap, v_cap, kv_cache)
         except Exception:
             # every row causal, as vLLM computes them: the step's trees accept nothing
             step.failed = True
@@ -101,11 +89,10 @@ class _Wave:
     queries: _Rows               # the rows this call computes
     query_start_loc: torch.Tensor
     seq_lens: torch.Tensor
-    requests: torch.Tensor | None  # the sequences' requests (rows of the block table; None: all)
-    writes: _Rows | None = None  # path nodes whose K/V are not in their chain slot yet
-    write_slots: torch.Tensor | None = None  # those slots: the tree's row at the node's depth
-    block_table: Any = None      # built by the step's first layer, as is:
-    scheduler_metadata: Any = None
+    block_table: torch.Tensor    # each sequence's request's row
+    writes: slice | None = None  # captured rows to write first: path nodes not in their
+    write_slots: torch.Tensor | None = None  # chain slot yet, and that slot (the tree's
+    scheduler_metadata: Any = None           # row at the node's depth); first layer's
 
 
 @dataclass
@@ -114,19 +101,27 @@ class PathWaves:
     no mask and nothing read back.
 
     A tree row's attention is a chain's: the context, then its root path. The first
-    call (``causal``) is vLLM's own, less the rows causal attention would get wrong
-    (every tree's nodes past its causal prefix): the other requests' rows and each
-    tree's root and first branch. Then each tree is split into root paths
+    call (``causal``) is vLLM's own, except that in each tree the rows causal
+    attention would get wrong (its nodes past its causal prefix) form a sequence of
+    their own, over as many slots: their output is garbage the waves overwrite, and
+    every row is written in place. Then each tree is split into root paths
     (``uncovered_paths``) and wave w verifies every tree's w-th path as one sequence
     of a native call: the path's K/V are written over the slots of the tree's rows 1,
     2, ... (the request's own, already allocated; only nodes not already there), and
     the path's new nodes are its queries, the last rows of that chain. Afterwards the
     overwritten slots get their rows' own K/V back, so the cache holds what vLLM wrote
-    (compaction and the next step rely on it). The root row is never rewritten."""
+    (compaction and the next step rely on it). The root row is never rewritten.
+
+    Each layer copies the rows it writes (``captured_rows``: first the restored ones,
+    then each wave's) once; the writes are slices of that copy, and compaction reads
+    accepted nodes from it (``capture_position``)."""
 
     causal: _Wave
     waves: list[_Wave]
-    restores: _Rows
+    captured_rows: torch.Tensor
+    capture_position: dict[int, int]  # step row -> its first index in captured_rows
+    slot_mapping: torch.Tensor         # the step's, for compaction's destinations
+    restores: slice
     restore_slots: torch.Tensor
 
     @classmethod
@@ -137,25 +132,17 @@ class PathWaves:
         members: list[list[tuple[tree_state.TreeRows, list[int], int]]] = []
         # per tree, the node each chain slot holds (slot d: the tree's row d)
         holds = [np.arange(-1, len(tree.token_ids)) for tree in trees]
-        causal_rows = np.ones(attn_metadata.num_actual_tokens, dtype=bool)
-        removed = np.zeros(len(attn_metadata.seq_lens), dtype=np.int32)
+        removed = np.zeros(len(attn_metadata.seq_lens), dtype=np.int64)
         for t, tree in enumerate(trees):
-            prefix = causal_prefix_length(tree.parents)
-            causal_rows[tree.query_start + 1 + prefix:tree.query_start + tree.num_rows] = False
-            removed[tree.req_idx] = len(tree.token_ids) - prefix
+            removed[tree.req_idx] = len(tree.token_ids) - causal_prefix_length(tree.parents)
             for w, (path, num_new) in enumerate(uncovered_paths(tree.parents)):
                 if w == len(members):
                     members.append([])
                 members[w].append((t, path, num_new))
-        query_start_loc = attn_metadata.query_start_loc.numpy()
-        causal = _Wave(
-            _Rows(np.flatnonzero(causal_rows)),
-            torch.from_numpy(query_start_loc - _starts(removed)),
-            attn_metadata.seq_lens - torch.from_numpy(removed).to(attn_metadata.seq_lens.dtype),
-            None)
-        waves = []
+        # the waves' rows and writes, in capture order after the restored rows
+        wave_rows, write_rows, write_slots = [], [], []
         for wave in members:
-            writes, write_slots, queries, q_lens, seq_lens, requests = [], [], [], [], [], []
+            queries, q_lens, seq_lens, requests, writes, slots = [], [], [], [], [], []
             for t, path, num_new in wave:
                 tree = trees[t]
                 nodes = np.asarray(path)
@@ -163,43 +150,77 @@ class PathWaves:
                 moved = holds[t][depth_slots] != nodes
                 holds[t][depth_slots] = nodes
                 writes.append(tree.query_start + 1 + nodes[moved])
-                write_slots.append(tree.query_start + depth_slots[moved])
+                slots.append(tree.query_start + depth_slots[moved])
                 queries.append(tree.query_start + 1 + nodes[len(path) - num_new:])
                 q_lens.append(num_new)
                 seq_lens.append(tree.context_len + 1 + len(path))
                 requests.append(tree.req_idx)
-            waves.append(_Wave(
-                _Rows(np.concatenate(queries)),
-                torch.from_numpy(_starts(q_lens)),
-                torch.tensor(seq_lens, dtype=torch.int32),
-                torch.tensor(requests, dtype=torch.long),
-                _Rows(np.concatenate(writes)),
-                slot_mapping.index_select(0, torch.from_numpy(np.concatenate(write_slots)))))
+            wave_rows.append((queries, q_lens, seq_lens, requests))
+            write_rows.append(np.concatenate(writes))
+            write_slots.append(np.concatenate(slots))
         restores = np.concatenate([tree.query_start + np.flatnonzero(
             held != np.arange(-1, len(held) - 1)) for tree, held in zip(trees, holds)])
-        return cls(causal, waves, _Rows(restores),
-                   slot_mapping.index_select(0, torch.from_numpy(restores)))
+        captured = np.concatenate([restores, *write_rows]).astype(np.int64)
+        slots = slot_mapping.index_select(0, torch.from_numpy(
+            np.concatenate([restores, *write_slots]).astype(np.int64)))
+        block_table = attn_metadata.block_table
+        waves, at = [], len(restores)
+        for (queries, q_lens, seq_lens, requests), writes in zip(wave_rows, write_rows):
+            span = slice(at, at + len(writes))
+            at = span.stop
+            waves.append(_Wave(
+                _Rows(np.concatenate(queries)), torch.from_numpy(_starts(q_lens)),
+                torch.tensor(seq_lens, dtype=torch.int32),
+                block_table.index_select(0, torch.tensor(requests)), span, slots[span]))
+        position = {}
+        for i, row in enumerate(captured.tolist()):
+            position.setdefault(row, i)
+        return cls(_causal_wave(attn_metadata, removed), waves, torch.from_numpy(captured),
+                   position, slot_mapping, slice(0, len(restores)), slots[:len(restores)])
 
     def run(self, impl: CPUAttentionBackendImpl, layer, query, key, value, key_cache,
-            value_cache, attn_metadata, out_view) -> None:
+            value_cache, out_view) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's attention into ``out_view``; returns its captured K/V."""
+        k_cap = key.index_select(0, self.captured_rows)
+        v_cap = value.index_select(0, self.captured_rows)
         write = functools.partial(ops.cpu_attn_reshape_and_cache, key_cache=key_cache,
                                   value_cache=value_cache, isa=layer.isa,
                                   k_scale=layer._k_scale_float, v_scale=layer._v_scale_float,
                                   kv_cache_dtype=impl.kv_cache_dtype)
         # the causal call first: the waves overwrite slots its rows read
-        _attend(self.causal, impl, layer, query, key_cache, value_cache, attn_metadata,
-                out_view)
+        _attend(self.causal, impl, layer, query, key_cache, value_cache, out_view)
         try:
             for wave in self.waves:
-                if len(wave.writes):
-                    write(wave.writes.take(key), wave.writes.take(value),
-                          slot_mapping=wave.write_slots)
-                _attend(wave, impl, layer, query, key_cache, value_cache, attn_metadata,
-                        out_view)
+                if wave.writes.stop > wave.writes.start:
+                    write(k_cap[wave.writes], v_cap[wave.writes], slot_mapping=wave.write_slots)
+                _attend(wave, impl, layer, query, key_cache, value_cache, out_view)
         finally:
-            if len(self.restores):
-                write(self.restores.take(key), self.restores.take(value),
+            if self.restores.stop:
+                write(k_cap[self.restores], v_cap[self.restores],
                       slot_mapping=self.restore_slots)
+        return k_cap, v_cap
+
+
+def _causal_wave(attn_metadata: Any, removed: np.ndarray) -> _Wave:
+    """vLLM's own call over every row, each tree's ``removed`` last rows split off as a
+    sequence over that many slots (row order is kept, so the output is written in
+    place; those rows are recomputed by the waves)."""
+    query_start_loc = attn_metadata.query_start_loc.numpy().astype(np.int64)
+    seq_lens = attn_metadata.seq_lens.numpy().astype(np.int64)
+    q_lens = np.diff(query_start_loc)
+    split = removed > 0
+    count = 1 + split  # sequences per request
+    requests = np.repeat(np.arange(len(seq_lens)), count)
+    first = np.cumsum(count) - count  # each request's first sequence
+    new_q = np.repeat(q_lens, count)
+    new_seq = np.repeat(seq_lens, count)
+    new_q[first] -= removed
+    new_seq[first] -= removed
+    new_q[first[split] + 1] = removed[split]
+    new_seq[first[split] + 1] = removed[split]
+    return _Wave(_Rows(np.arange(int(query_start_loc[-1]))), torch.from_numpy(_starts(new_q)),
+                 torch.from_numpy(new_seq.astype(np.int32)),
+                 attn_metadata.block_table.index_select(0, torch.from_numpy(requests)))
 
 
 def _starts(lengths) -> np.ndarray:
@@ -208,11 +229,9 @@ def _starts(lengths) -> np.ndarray:
 
 
 def _attend(wave: _Wave, impl: CPUAttentionBackendImpl, layer, query, key_cache, value_cache,
-            attn_metadata, out_view) -> None:
+            out_view) -> None:
     """The native kernel over ``wave``'s sequences, into its query rows of ``out_view``."""
     if wave.scheduler_metadata is None:
-        wave.block_table = (attn_metadata.block_table if wave.requests is None
-                            else attn_metadata.block_table.index_select(0, wave.requests))
         wave.scheduler_metadata = ops.cpu_attn_get_scheduler_metadata(
             num_reqs=len(wave.seq_lens), num_heads=impl.num_heads,
             num_kv_heads=impl.num_kv_heads, head_dim=impl.head_size, seq_lens=wave.seq_lens,
@@ -246,11 +265,12 @@ def compact_accepted_path(tree: tree_state.TreeRows, row_offset: int, path: list
                           step: tree_state.StepTrees) -> None:
     """Move the accepted nodes' K/V to the consecutive slots vLLM assumes.
 
-    ``row_offset`` is the tree's first row inside the captured rows. Node j was
-    written at the slot of query row j+1; the k-th accepted node must sit at the
-    slot of row k. Only nodes that are not already in place are rewritten, with the
+    Node j was written at the slot of query row j+1; the k-th accepted node must sit
+    at the slot of row k. Only nodes that are not already in place are rewritten, from
+    the K/V each layer captured (every such node is one a wave wrote), with the
     backend's own writer, so no layout knowledge is needed here. Raises, before
     writing anything, unless every attention layer's K/V was captured.
+    (``row_offset``, the tree's place among the step's tree rows, is the flex path's.)
     """
     moves = [(k + 1, j + 1) for k, j in enumerate(path) if j != k]
     if not moves:
@@ -260,13 +280,15 @@ def compact_accepted_path(tree: tree_state.TreeRows, row_offset: int, path: list
     if missing:
         raise RuntimeError(f"K/V of {len(missing)} attention layers not captured "
                            f"(first: {missing[0]}); cannot compact")
-    dst = torch.tensor([row_offset + d for d, _ in moves])
-    src = torch.tensor([row_offset + s for _, s in moves])
-    for layer, impl, k_cap, v_cap, kv_cache, slot_cap in step.captured.values():
+    waves = step.cpu_waves
+    src = torch.tensor([waves.capture_position[tree.query_start + s] for _, s in moves])
+    dst = waves.slot_mapping.index_select(
+        0, torch.tensor([tree.query_start + d for d, _ in moves]))
+    for layer, impl, k_cap, v_cap, kv_cache in step.captured.values():
         num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
         key_cache, value_cache = kv_cache.view(
             num_blocks, num_kv_heads, 2 * block_size, -1).chunk(2, dim=2)
         ops.cpu_attn_reshape_and_cache(
             k_cap.index_select(0, src), v_cap.index_select(0, src), key_cache, value_cache,
-            slot_cap.index_select(0, dst), layer.isa, k_scale=layer._k_scale_float,
-            v_scale=layer._v_scale_float, kv_cache_dtype=impl.kv_cache_dtype)
+            dst, layer.isa, k_scale=layer._k_scale_float, v_scale=layer._v_scale_float,
+            kv_cache_dtype=impl.kv_cache_dtype)

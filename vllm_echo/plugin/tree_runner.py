@@ -14,6 +14,7 @@ engine's state is the TreeContext attached to that runner (tree_state.py):
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any, Callable
 
@@ -161,6 +162,25 @@ def _collect_step(tree_context: TreeContext, runner: Any,
     return step, positions
 
 
+def _row_argmax(rows: torch.Tensor) -> np.ndarray:
+    """Each logits row's argmax (the first one on ties), in fp32: on CPU an argmax over
+    bf16 logits is several times slower, and vLLM's CPU greedy sampler op (the one it
+    samples greedy requests with) several times faster than torch's."""
+    rows = rows.float()
+    greedy_argmax = _cpu_greedy_argmax() if rows.device.type == "cpu" else None
+    if greedy_argmax is not None:
+        return greedy_argmax(rows.contiguous()).numpy()
+    return rows.argmax(dim=-1).cpu().numpy()
+
+
+@functools.cache
+def _cpu_greedy_argmax() -> Callable | None:
+    try:
+        return torch.ops._C.greedy_argmax
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def _target_probs(rows: torch.Tensor, sampling: Any, req_idx: int) -> np.ndarray:
     """The distribution vLLM samples request ``req_idx`` from, for each logits row:
     temperature, then top-k / top-p (penalties and min_p keep a request off trees)."""
@@ -251,8 +271,7 @@ def _verify_tree(tree_context: TreeContext, tree: TreeRows, offset: int, step: S
         raise RuntimeError(f"{n} tree nodes prepared but "
                            f"{metadata.num_draft_tokens[tree.req_idx]} drafts sampled")
     start = int(metadata.bonus_logits_indices[tree.req_idx]) - n
-    # in fp32: on CPU an argmax over bf16 logits is several times slower
-    argmax = logits[start:start + n + 1].float().argmax(dim=-1).cpu().numpy()
+    argmax = _row_argmax(logits[start:start + n + 1])
     # vLLM marks greedy requests with temperature <= 0
     greedy = sampling.all_greedy or float(sampling.temperature[tree.req_idx]) <= 0
     if greedy:

@@ -49,7 +49,8 @@ class StepTrees:
     trees: list[TreeRows]
     all_rows: Any                                  # torch.long: every tree query row
     # CPU: the engine's attention layers, every one of which compaction needs in
-    # ``captured`` (layer name -> K/V of all_rows).
+    # ``captured`` (layer name -> the K/V rows the layer's waves wrote:
+    # cpu_tree_attention.PathWaves.captured_rows).
     attention_layers: list[Any] = field(default_factory=list)
     captured: dict[str, tuple] = field(default_factory=dict)
     # Set when a tree part of the step failed (positions, mask, the tree rows' kernel
@@ -87,10 +88,12 @@ class TreeContext:
     trees: dict[str, TreeDraft] = field(default_factory=dict)
     # The step in flight: set after _prepare_inputs, taken by the sampling hook.
     step: StepTrees | None = None
-    # Tree requests verified, and those whose accepted path left the first branch
-    # and so needed KV compaction (reported with the proposer's stats).
+    # Tree requests verified, those whose accepted path left the first branch and so
+    # needed KV compaction, and steps of greedy trees only, sampled without vLLM's
+    # rejection sampler (reported with the proposer's stats).
     counters: dict[str, int] = field(
-        default_factory=lambda: {"tree_verifications": 0, "tree_compactions": 0})
+        default_factory=lambda: {"tree_verifications": 0, "tree_compactions": 0,
+                                 "tree_only_steps": 0})
     # req_id -> accepted node indices of its last tree verification, kept only when a
     # proposer that learns from verdicts (ECHO) asks for them and pops them.
     record_paths: bool = False
