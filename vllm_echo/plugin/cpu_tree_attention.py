@@ -3,11 +3,11 @@
 
 The native CPU kernel (``ops.cpu_attention_with_kv_cache``) takes no mask. A tree row
 attends to the context and its own root path, which is what a chain over that path
-gets, so a subclass of the CPU_ATTN backend runs the kernel once as vLLM does (the
-tree rows causal attention would get wrong split off, computed as garbage), and then
-once per root path off the first branch, verified as a chain (``PathWaves``). Nothing is read back from the
-paged cache, whose packing is the kernel's business. Steps without a tree never
-leave vLLM's own call.
+gets, so a subclass of the CPU_ATTN backend runs the kernel once as vLLM does (with
+the tree rows causal attention would get wrong split off, and left for later), then
+once per root path off the first branch, verified as a chain (``PathWaves``). Nothing
+is read back from the paged cache, whose packing is the kernel's business. Steps
+without a tree never leave vLLM's own call.
 """
 
 from __future__ import annotations
@@ -90,9 +90,11 @@ class _Wave:
     query_start_loc: torch.Tensor
     seq_lens: torch.Tensor
     block_table: torch.Tensor    # each sequence's request's row
-    writes: slice | None = None  # captured rows to write first: path nodes not in their
-    write_slots: torch.Tensor | None = None  # chain slot yet, and that slot (the tree's
-    scheduler_metadata: Any = None           # row at the node's depth); first layer's
+    # The path nodes not in their chain slot yet (a slice of the captured rows), and
+    # those slots: the tree's row at the node's depth. None: nothing to write.
+    writes: slice | None = None
+    write_slots: torch.Tensor | None = None
+    scheduler_metadata: Any = None  # built by the step's first layer
 
 
 @dataclass
@@ -191,7 +193,7 @@ class PathWaves:
         _attend(self.causal, impl, layer, query, key_cache, value_cache, out_view)
         try:
             for wave in self.waves:
-                if wave.writes.stop > wave.writes.start:
+                if wave.writes is not None and wave.writes.stop > wave.writes.start:
                     write(k_cap[wave.writes], v_cap[wave.writes], slot_mapping=wave.write_slots)
                 _attend(wave, impl, layer, query, key_cache, value_cache, out_view)
         finally:

@@ -79,13 +79,13 @@ themselves off (same log line and counter) on a call they do not understand.
    ``CPUFlexAttentionBackend`` (registry override; tree mode on CPU only, registered
    from the proposer's __init__ in the worker, put back in its ``load_model``)
    What: ``"tree_attention": "native"``: a subclass of the CPU backend whose impl runs
-      the native kernel once as vLLM does less the rows of tree requests that causal
-      attention gets wrong, then once per root path off the first branch, as a chain
-      over the request's own tree slots (its K/V written there, then the tree rows'
-      written back: cpu_tree_attention.PathWaves); the K/V rows it writes are kept
-      for compaction. Each impl reads its engine's step through
-      its own ``tree_context`` (set by tree_support.check_model in ``load_model``), and
-      one without it is plain CPU_ATTN.
+      the native kernel once as vLLM does (the rows of tree requests that causal
+      attention gets wrong split off as sequences of their own, left for later), then
+      once per root path off the first branch, as a chain over the request's own tree
+      slots (its K/V written there, then the tree rows' written back:
+      cpu_tree_attention.PathWaves); the K/V rows it writes are kept for compaction.
+      Each impl reads its engine's step through its own ``tree_context`` (set by
+      tree_support.check_model in ``load_model``), and one without it is plain CPU_ATTN.
       ``"flex"``: vLLM's FlexAttention backend (cpu_flex_attention.py) with a torch
       cache write where ``reshape_and_cache_flash`` is missing (the CPU wheel), and
       block masks padded to one shape: the whole cache's blocks by the most query
@@ -110,9 +110,10 @@ themselves off (same log line and counter) on a call they do not understand.
       causal; its trees accept no draft; the root row's K/V is never rewritten, the
       others are written back even then); metadata that is not plain causal fails the
       same way. Compaction checks that every attention layer's K/V was kept, and
-      otherwise refuses: only nodes already in place are kept. Without the selector cache's ``cache_clear`` a second engine in one process
-      keeps the first one's backend: tree_support.check_model then finds an impl that is
-      not tree-capable and keeps that engine in chain mode.
+      otherwise refuses: only nodes already in place are kept. Without the selector
+      cache's ``cache_clear`` a second engine in one process keeps the first one's
+      backend: tree_support.check_model then finds an impl that is not tree-capable
+      and keeps that engine in chain mode.
    Remove when: the CPU attention kernel takes a per-request tree mask (or vLLM's
       CPU backend verifies spec-decode trees itself); for "flex", when vLLM's CPU
       platform offers FLEX_ATTENTION with a cache write, and inductor's CPU
