@@ -135,7 +135,7 @@ def test_a_context_without_trees_leaves_the_step_empty():
     assert _sample(runner, [20, 0, 0, 7]) == [20, -1, -1, -1]  # vLLM's chain sample
     assert runner.rejection_sampler_calls == 1
     assert context.counters == {"tree_verifications": 0, "tree_compactions": 0,
-                                  "tree_only_steps": 0}
+                                "tree_only_steps": 0}
 
 
 def test_a_flex_step_whose_mask_was_never_built_accepts_no_draft():

@@ -285,10 +285,10 @@ def _only_greedy_trees_in_step(step: Any, metadata: Any, input_batch: Any) -> bo
 
 
 def _sample_root_rows(runner: Any, logits: Any, metadata: Any) -> Any:
-    """vLLM's sampler output for a step of greedy trees (_only_greedy_trees_in_step):
-    each request's root row sampled by the plain sampler, then padding for the rest of
-    the rejection sampler's row (max_spec_len + 1 tokens), which tree verification
-    writes."""
+    """Each request's root row (its bonus row when it has no draft) sampled by the
+    plain sampler, padded to the rejection sampler's row of max_spec_len + 1 tokens
+    (_no_drafts_in_step: none to pad; _only_greedy_trees_in_step: tree verification
+    writes the rest)."""
     import dataclasses
 
     import torch
@@ -299,6 +299,8 @@ def _sample_root_rows(runner: Any, logits: Any, metadata: Any) -> Any:
                            sampling_metadata=runner.input_batch.sampling_metadata,
                            predict_bonus_token=True)
     first = roots.sampled_token_ids
+    if metadata.max_spec_len == 0:
+        return roots
     sampled = first.new_full((first.shape[0], metadata.max_spec_len + 1), -1)
     sampled[:, :1] = first
     return dataclasses.replace(roots, sampled_token_ids=sampled)
@@ -353,24 +355,21 @@ def install_sample_hook(runner: Any, tree_context: TreeContext, sink: LastLogits
         logits, spec_decode_metadata = found
         output = None
         try:
-            if spec_decode_metadata is not None and _no_drafts_in_step(spec_decode_metadata,
-                                                                       runner.input_batch):
-                # vLLM builds spec metadata for every step once speculation is on; with
-                # no draft anywhere the rejection sampler's result is its bonus sample,
-                # taken here by the same call minus the full-vocabulary logprobs it would
-                # compute and discard (rejection_sampler.py:141-160), and minus empty
-                # kernels.
-                runner.input_batch.update_async_output_token_ids()
-                output = runner.sampler(
-                    logits=logits[spec_decode_metadata.bonus_logits_indices],  # a copy
-                    sampling_metadata=runner.input_batch.sampling_metadata,
-                    predict_bonus_token=True)
-            elif (compact is not None and spec_decode_metadata is not None
-                  and _only_greedy_trees_in_step(tree_context.step, spec_decode_metadata,
-                                                 runner.input_batch)):
+            # vLLM builds spec metadata for every step once speculation is on. With no
+            # draft anywhere the rejection sampler's result is its bonus sample (the
+            # root rows' sample), taken here by the same call minus the
+            # full-vocabulary logprobs it would compute and discard
+            # (rejection_sampler.py:141-160) and minus empty kernels; with greedy trees
+            # only, tree verification replaces the rest of its result.
+            tree_only = (compact is not None and spec_decode_metadata is not None
+                         and _only_greedy_trees_in_step(tree_context.step,
+                                                        spec_decode_metadata,
+                                                        runner.input_batch))
+            if tree_only or (spec_decode_metadata is not None and _no_drafts_in_step(
+                    spec_decode_metadata, runner.input_batch)):
                 runner.input_batch.update_async_output_token_ids()
                 output = _sample_root_rows(runner, logits, spec_decode_metadata)
-                tree_context.counters["tree_only_steps"] += 1
+                tree_context.counters["tree_only_steps"] += tree_only
         except Exception as exc:  # vLLM changed: its own sampling is always right
             on_error("sampling without the rejection sampler", exc)
             output = None
