@@ -24,7 +24,7 @@ PARENTS = np.array([-1, 0, -1], dtype=np.int32)
 
 class StandInRunner:
     """One greedy request in the batch; ``_sample`` (the rejection sampler's call)
-    returns vLLM's chain sample of the root, ``sampler`` samples the rows it is given."""
+    returns vLLM's chain sample of the root."""
 
     def __init__(self, req_id: str):
         self.req_id = req_id
@@ -34,8 +34,15 @@ class StandInRunner:
             req_ids=[req_id], req_id_to_index={req_id: 0},
             num_computed_tokens_cpu=np.array([CONTEXT_LEN]),
             sampling_metadata=SimpleNamespace(all_greedy=True, max_num_logprobs=None,
-                                              logprob_token_ids=None),
+                                              logprob_token_ids=None, no_penalties=True,
+                                              allowed_token_ids_mask=None,
+                                              bad_words_token_ids={},
+                                              logitsprocs=SimpleNamespace(
+                                                  non_argmax_invariant=[])),
             update_async_output_token_ids=lambda: None)
+        self.requests = {req_id: SimpleNamespace(
+            sampling_params=SimpleNamespace(min_tokens=0, logit_bias=None))}
+        self.rejection_sampler = SimpleNamespace(synthetic_mode=False)
         self.rejection_sampler_calls = 0
 
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
@@ -45,10 +52,6 @@ class StandInRunner:
         self.rejection_sampler_calls += 1
         sampled = torch.full((1, 4), -1, dtype=torch.int32)
         sampled[0, 0] = int(logits[0].argmax())
-        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
-
-    def sampler(self, logits, sampling_metadata, predict_bonus_token):
-        sampled = logits.argmax(dim=-1).to(torch.int32).unsqueeze(-1)
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
 
 
@@ -77,8 +80,11 @@ def _logits(argmax_per_row: list[int]) -> torch.Tensor:
     return logits
 
 
-def _sample(runner: StandInRunner, argmax_per_row: list[int]) -> list[int]:
+def _sample(runner: StandInRunner, argmax_per_row: list[int],
+            draft_ids: tuple[int, ...] = (10, 11, 20)) -> list[int]:
     metadata = SimpleNamespace(max_spec_len=3, num_draft_tokens=[3],
+                               draft_token_ids=torch.tensor(draft_ids, dtype=torch.int32),
+                               target_logits_indices=torch.tensor([0, 1, 2]),
                                bonus_logits_indices=torch.tensor([3]))
     output = runner._sample(_logits(argmax_per_row), metadata)
     return output.sampled_token_ids[0].tolist()
@@ -110,9 +116,9 @@ def test_two_engines_keep_their_own_trees_steps_verdicts_and_counters():
     assert _sample(runner_a, [20, 0, 0, 7]) == [20, 7, -1, -1]
     assert context_a.step is None and context_b.step is not None
     assert context_a.counters == {"tree_verifications": 1, "tree_compactions": 1,
-                                  "tree_only_steps": 1}
+                                  "greedy_verified_steps": 1}
     assert context_b.counters == {"tree_verifications": 0, "tree_compactions": 0,
-                                  "tree_only_steps": 0}
+                                  "greedy_verified_steps": 0}
     assert context_a.last_paths == {"a": [2]}
     assert runner_a.rejection_sampler_calls == 0  # a step of greedy trees only
 
@@ -120,9 +126,9 @@ def test_two_engines_keep_their_own_trees_steps_verdicts_and_counters():
     assert _sample(runner_b, [30, 31, 9, 0]) == [30, 31, 9, -1]
     assert context_b.step is None
     assert context_b.counters == {"tree_verifications": 1, "tree_compactions": 0,
-                                  "tree_only_steps": 1}
+                                  "greedy_verified_steps": 1}
     assert context_a.counters == {"tree_verifications": 1, "tree_compactions": 1,
-                                  "tree_only_steps": 1}
+                                  "greedy_verified_steps": 1}
     assert context_b.last_paths == {}  # B's proposer asked for no verdicts
     assert compactions == [("a", [2]), ("b", [0, 1])]  # each step compacts its own tree
 
@@ -132,10 +138,15 @@ def test_a_context_without_trees_leaves_the_step_empty():
     runner = _hooked("a", context, [])
     _schedule(runner, [10, 11, 20])
     assert context.step is None
-    assert _sample(runner, [20, 0, 0, 7]) == [20, -1, -1, -1]  # vLLM's chain sample
+    # the drafts read as a chain, verified greedily without the rejection sampler
+    assert _sample(runner, [20, 0, 0, 7]) == [20, -1, -1, -1]
+    assert _sample(runner, [10, 11, 0, 7]) == [10, 11, 0, -1]
+    assert runner.rejection_sampler_calls == 0
+    runner.input_batch.sampling_metadata.no_penalties = False  # vLLM's own verdict then
+    assert _sample(runner, [20, 0, 0, 7]) == [20, -1, -1, -1]
     assert runner.rejection_sampler_calls == 1
     assert context.counters == {"tree_verifications": 0, "tree_compactions": 0,
-                                "tree_only_steps": 0}
+                                "greedy_verified_steps": 2}
 
 
 def test_a_flex_step_whose_mask_was_never_built_accepts_no_draft():

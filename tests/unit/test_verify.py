@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from vllm_echo.algos.tree import path_to
-from vllm_echo.algos.verify import verify_greedy, verify_sampling
+from vllm_echo.algos.verify import verify_greedy, verify_greedy_chains, verify_sampling
 
 # LogitSpec-style tree: chain [c1, c2, c3], branch [x, y], branch [z].
 C1, C2, C3, X, Y, Z = 10, 11, 12, 20, 21, 30
@@ -256,3 +256,48 @@ def test_sampling_is_reproducible_with_seed():
 def test_expected_two_tokens_is_a_distribution():
     model = PrefixModel(VOCAB_SIZE, seed=0)
     np.testing.assert_allclose(expected_two_tokens(model).sum(), 1.0)
+
+
+# ---------------------------------------------------------- greedy chains ---
+
+
+def test_greedy_chains_keep_drafts_to_the_first_mismatch():
+    # request 0: 3 drafts, 2 accepted; request 1: no draft; request 2: all accepted
+    rows = verify_greedy_chains(draft_ids=[5, 6, 7, 8, 9], num_drafts=[3, 0, 2],
+                                target_argmax=[5, 6, 1, 8, 9], last_tokens=[40, 41, 42],
+                                width=4)
+    assert rows.tolist() == [[5, 6, 1, -1], [41, -1, -1, -1], [8, 9, 42, -1]]
+
+
+def test_greedy_chains_first_draft_rejected_gives_its_argmax():
+    rows = verify_greedy_chains([5, 6], [2], [3, 6], [40], width=3)
+    assert rows.tolist() == [[3, -1, -1]]
+
+
+def test_greedy_chains_match_a_loop_on_random_batches():
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        n = rng.integers(0, 6, size=rng.integers(1, 7))
+        drafts = rng.integers(0, 4, size=n.sum())
+        argmax = np.where(rng.random(n.sum()) < 0.6, drafts, rng.integers(0, 4, size=n.sum()))
+        last = rng.integers(100, 200, size=n.size)
+        width = int(n.max()) + 1 + int(rng.integers(0, 2))
+        rows = verify_greedy_chains(drafts, n, argmax, last, width)
+        start = 0
+        for i, k in enumerate(n):
+            expected = []
+            for j in range(k):
+                expected.append(int(argmax[start + j]))
+                if drafts[start + j] != argmax[start + j]:
+                    break
+            else:
+                expected.append(int(last[i]))
+            assert rows[i].tolist() == expected + [-1] * (width - len(expected))
+            start += k
+
+
+def test_greedy_chains_reject_bad_shapes():
+    with pytest.raises(ValueError, match="entries"):
+        verify_greedy_chains([1, 2], [3], [1, 2], [0], width=4)
+    with pytest.raises(ValueError, match="width"):
+        verify_greedy_chains([1, 2], [2], [1, 2], [0], width=2)

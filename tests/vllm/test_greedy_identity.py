@@ -39,6 +39,8 @@ def test_logitspec_chain_mode_greedy_identical(model_path, spec_bench_16, refere
     # the m-gram lookup found nothing) is proposed and some of it is accepted.
     assert stats["drafts_logits"] > 0 and stats["accepted_logits"] > 0, stats
     assert stats["accepted_retrieval"] > 0, stats
+    # verified without vLLM's rejection sampler (greedy, nothing changes the draft rows)
+    assert stats["greedy_verified_steps"] > 0, stats
 
 
 def test_echo_greedy_identical_and_reports_statistics(model_path, spec_bench_16, reference):

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Verification of a draft token tree against the target model's outputs.
+"""Verification of a draft token tree (and, greedily, of a batch of chains) against
+the target model's outputs.
 
 Row layout follows :mod:`vllm_echo.algos.tree`: row 0 is the target's
 prediction after the root, row ``j + 1`` the prediction after node ``j``.
@@ -12,6 +13,7 @@ nothing is accepted).
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from vllm_echo.algos.tree import (ArrayLike, ROOT, children_lists, path_to,
                                   tree_depths, validate_tree)
@@ -145,3 +147,42 @@ def _sample(p: np.ndarray, rng: np.random.Generator) -> int:
         return idx
     # u * cdf[-1] can round up to cdf[-1]; take the last token with mass.
     return int(np.flatnonzero(p)[-1])
+
+
+def verify_greedy_chains(draft_ids: ArrayLike, num_drafts: ArrayLike, target_argmax: ArrayLike,
+                         last_tokens: ArrayLike, width: int) -> np.ndarray:
+    """Greedy verification of a batch of chains, one output row per request.
+
+    ``draft_ids`` and ``target_argmax`` are flat, request after request
+    (``num_drafts[i]`` entries each; ``target_argmax[j]`` is the target's argmax
+    at the row before draft ``j``). A request keeps its drafts while each equals
+    that argmax, then emits the first argmax that differs or, all drafts kept,
+    ``last_tokens[i]`` (its token after the last draft). Rows are padded with -1
+    to ``width`` (vLLM's rejection-sampler layout, width = longest chain + 1).
+    """
+    drafts = np.ascontiguousarray(draft_ids, dtype=np.int64)
+    argmax = np.ascontiguousarray(target_argmax, dtype=np.int64)
+    n = np.ascontiguousarray(num_drafts, dtype=np.int64)
+    last = np.ascontiguousarray(last_tokens, dtype=np.int64)
+    total = int(n.sum())
+    if drafts.shape != (total, ) or argmax.shape != drafts.shape:
+        raise ValueError(f"draft_ids and target_argmax need {total} entries, got "
+                         f"{drafts.shape} and {argmax.shape}")
+    if last.shape != n.shape or width < int(n.max(initial=0)) + 1:
+        raise ValueError(f"last_tokens needs shape {n.shape} and width >= the longest chain "
+                         f"+ 1, got {last.shape} and {width}")
+    rows = np.full((n.size, width), -1, dtype=np.int64)
+    _greedy_chain_rows(drafts, n, argmax, last, rows)
+    return rows
+
+
+@njit(cache=True)
+def _greedy_chain_rows(drafts, num_drafts, argmax, last, rows):
+    start = 0
+    for i in range(num_drafts.size):
+        k = 0
+        while k < num_drafts[i] and drafts[start + k] == argmax[start + k]:
+            rows[i, k] = drafts[start + k]
+            k += 1
+        rows[i, k] = argmax[start + k] if k < num_drafts[i] else last[i]
+        start += num_drafts[i]

@@ -36,10 +36,12 @@ themselves off (same log line and counter) on a call they do not understand.
       its top-k (runner_hooks.install_sample_hook). A step in which no request has a
       draft token (and no logprobs are asked for) skips the rejection sampler for
       the same bonus-sampling call it would make, minus the full-vocabulary logprobs
-      it would compute and discard. A step in which every request verifies a tree,
-      greedily, skips it too: the tree verdicts replace its every row, and the
-      fallback they read from it (each row's first token, the root row's sample) is
-      taken by the plain sampler from the root rows.
+      it would compute and discard. A greedy step whose result is fixed by its logits
+      rows' argmaxes (no penalties, allowed-token masks, bad words, min_tokens,
+      logit_bias, thinking budget, logits processor other than vLLM's own, logprobs
+      or synthetic acceptance) skips it too: one fp32 argmax op over every row, chains
+      verified by algos.verify.verify_greedy_chains, a tree's row its root row's
+      argmax until the tree verdict, which reads the same argmaxes, replaces it.
    Why: vLLM verifies drafts as one chain per request; LogitSpec's next-next
       candidates come from logits that the custom_class contract does not pass.
    Upstream: vllm/v1/worker/gpu_model_runner.py:3437-3466 (_sample, rejection
@@ -220,7 +222,14 @@ Private vLLM attributes read (vLLM 0.32 names), where, and what happens without 
   ``_log_failure`` (counted per kind, logged once): SpecDecodeMetadata
   ``bonus_logits_indices``, ``num_draft_tokens``, ``max_spec_len``; SamplingMetadata
   ``all_greedy``, ``temperature``, ``top_k``, ``top_p``, ``generators``,
-  ``max_num_logprobs``, ``logprob_token_ids``; SamplerOutput ``sampled_token_ids``;
+  ``max_num_logprobs``, ``logprob_token_ids``, ``no_penalties``,
+  ``allowed_token_ids_mask``, ``bad_words_token_ids``,
+  ``thinking_budget_state_holder`` (absent: no thinking budget); SpecDecodeMetadata
+  ``draft_token_ids``, ``target_logits_indices``; the runner's
+  ``rejection_sampler.synthetic_mode`` (absent: read as synthetic, so vLLM's rejection
+  sampler verifies), SamplingMetadata ``logitsprocs.non_argmax_invariant`` and
+  ``requests[...].sampling_params`` (entry 2's greedy steps); SamplerOutput
+  ``sampled_token_ids``;
   SchedulerOutput ``scheduled_spec_decode_tokens``, ``total_num_scheduled_tokens``,
   ``num_scheduled_tokens``. A failure falls back to vLLM's own sampling, to chain
   semantics for the step, or to no accepted draft for its trees.
@@ -233,8 +242,8 @@ Private vLLM attributes read (vLLM 0.32 names), where, and what happens without 
   ``causal`` and ``dynamic_causal``, and ``vllm.envs``
   ``VLLM_CPU_ATTN_SPLIT_KV`` are read per step under the entry-4 fallbacks.
 - ``torch.ops._C.greedy_argmax``, the CPU wheel's op behind vLLM's greedy sampling
-  (v1/sample/sampler.py:241-245): tree verification's argmax on CPU
-  (tree_runner._row_argmax) -> torch's argmax, the same result, slower.
+  (v1/sample/sampler.py:241-245): the argmax of greedy verification on CPU, trees and
+  chains (tree_runner.row_argmax) -> torch's argmax, the same result, slower.
 - FlexAttentionMetadata ``_convert_physical_to_logical`` (probed, entry 8),
   ``doc_ids``, ``uses_paged_kv``, ``persistent_doc_ids`` (per step, entry 8 fallback;
   without the last the tables are sized by ``doc_ids``); on CPU with "flex" also

@@ -19,6 +19,7 @@ import numpy as np
 from vllm_echo.algos import top_logprobs
 from vllm_echo.algos.forest import SOURCE_LOGITS, SOURCE_RETRIEVAL, build_forest, first_chain
 from vllm_echo.algos.ngram_index import NgramIndex
+from vllm_echo.algos.verify import verify_greedy_chains
 from vllm_echo.config import DEFAULT_NUM_SPECULATIVE_TOKENS
 from vllm_echo.plugin import tree_support
 from vllm_echo.plugin.config_shim import settings_from_vllm_config
@@ -281,6 +282,7 @@ class LogitSpecProposer:
         candidates = np.arange(4, dtype=np.int32)
         first_chain(index, candidates, self.num_speculative_tokens)
         build_forest(index, candidates, self.settings.capacity)
+        verify_greedy_chains(candidates, [4], candidates, [0], width=5)
         top_logprobs.warm_up()
 
     def _log_failure(self, where: str, exc: BaseException) -> None:

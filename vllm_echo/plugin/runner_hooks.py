@@ -273,37 +273,72 @@ def _no_drafts_in_step(metadata: Any, input_batch: Any) -> bool:
             and not sampling.logprob_token_ids)
 
 
-def _only_greedy_trees_in_step(step: Any, metadata: Any, input_batch: Any) -> bool:
-    """True when every request of the step verifies a tree, greedily and without
-    logprobs: the tree verdicts then replace every row of the rejection sampler's
-    result, of which they read only each row's first token (vLLM's sample of the
-    request's root row, their fallback)."""
-    sampling = input_batch.sampling_metadata
-    return (step is not None and not step.failed
-            and len(step.trees) == len(metadata.num_draft_tokens) and sampling.all_greedy
-            and sampling.max_num_logprobs is None and not sampling.logprob_token_ids)
+def _verdicts_are_row_argmaxes(runner: Any, metadata: Any) -> bool:
+    """True when the rejection sampler's result is fixed by each logits row's argmax:
+    every request greedy, no logprobs (their layout differs), no synthetic acceptance,
+    nothing that RejectionSampler.apply_logits_processors changes draft rows with
+    (penalties, allowed-token masks, bad words, min_tokens, a thinking budget), and
+    nothing that the sampler changes bonus rows with (those, logit_bias, a logits
+    processor that is not vLLM's own)."""
+    from vllm.v1.sample.logits_processor.builtin import (LogitBiasLogitsProcessor,
+                                                         MinTokensLogitsProcessor)
+
+    sampling = runner.input_batch.sampling_metadata
+    if not (sampling.all_greedy and sampling.max_num_logprobs is None
+            and not sampling.logprob_token_ids and sampling.no_penalties
+            and sampling.allowed_token_ids_mask is None and not sampling.bad_words_token_ids
+            and not getattr(getattr(runner, "rejection_sampler", None), "synthetic_mode", True)):
+        return False
+    thinking_budget = getattr(sampling, "thinking_budget_state_holder", None)
+    if thinking_budget is not None and thinking_budget.has_tracked_requests():
+        return False
+    if any(type(processor) not in (LogitBiasLogitsProcessor, MinTokensLogitsProcessor)
+           for processor in sampling.logitsprocs.non_argmax_invariant):
+        return False
+    requests = runner.requests
+    for req_id in runner.input_batch.req_ids[:len(metadata.num_draft_tokens)]:
+        params = requests[req_id].sampling_params
+        if params is None or params.min_tokens or params.logit_bias:
+            return False
+    return True
 
 
-def _sample_root_rows(runner: Any, logits: Any, metadata: Any) -> Any:
-    """Each request's root row (its bonus row when it has no draft) sampled by the
-    plain sampler, padded to the rejection sampler's row of max_spec_len + 1 tokens
-    (_no_drafts_in_step: none to pad; _only_greedy_trees_in_step: tree verification
-    writes the rest)."""
-    import dataclasses
-
+def _greedy_verdicts(logits: Any, metadata: Any, tree_requests: list[int]) -> tuple[Any, Any]:
+    """The rejection sampler's result where _verdicts_are_row_argmaxes, from one argmax
+    over every logits row (no row copied): chains keep their drafts up to the first
+    that differs from its row's argmax, then that argmax or, all kept, the bonus
+    row's (verify_greedy_chains); a tree request's row is its root row's argmax,
+    which its tree verdict replaces. Returns the output and the rows' argmaxes, which
+    tree verification reads too."""
     import torch
+    from vllm.v1.outputs import SamplerOutput
 
-    num_drafts = torch.as_tensor(metadata.num_draft_tokens,
-                                 device=metadata.bonus_logits_indices.device)
-    roots = runner.sampler(logits=logits[metadata.bonus_logits_indices - num_drafts],
-                           sampling_metadata=runner.input_batch.sampling_metadata,
-                           predict_bonus_token=True)
-    first = roots.sampled_token_ids
-    if metadata.max_spec_len == 0:
-        return roots
-    sampled = first.new_full((first.shape[0], metadata.max_spec_len + 1), -1)
-    sampled[:, :1] = first
-    return dataclasses.replace(roots, sampled_token_ids=sampled)
+    from vllm_echo.algos.verify import verify_greedy_chains
+    from vllm_echo.plugin.tree_runner import row_argmax
+
+    argmaxes = row_argmax(logits)
+    num_drafts = np.asarray(metadata.num_draft_tokens, dtype=np.int64)
+    chain_drafts = num_drafts.copy()
+    chain_drafts[tree_requests] = 0
+    last_rows = metadata.bonus_logits_indices.cpu().numpy() - (num_drafts - chain_drafts)
+    draft_ids = metadata.draft_token_ids.cpu().numpy()
+    target_rows = metadata.target_logits_indices.cpu().numpy()
+    if tree_requests:
+        in_chain = np.repeat(chain_drafts > 0, num_drafts)
+        draft_ids, target_rows = draft_ids[in_chain], target_rows[in_chain]
+    rows = verify_greedy_chains(draft_ids, chain_drafts, argmaxes[target_rows],
+                                argmaxes[last_rows], metadata.max_spec_len + 1)
+    sampled = torch.from_numpy(rows).to(device=logits.device, dtype=torch.int32)
+    return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None), argmaxes
+
+
+def _sample_bonus_rows(runner: Any, logits: Any, metadata: Any) -> Any:
+    """A step without drafts (_no_drafts_in_step): the rejection sampler's result is
+    its sample of the bonus rows, taken by the same call minus the full-vocabulary
+    logprobs it would compute and discard (rejection_sampler.py:141-160)."""
+    return runner.sampler(logits=logits[metadata.bonus_logits_indices],
+                          sampling_metadata=runner.input_batch.sampling_metadata,
+                          predict_bonus_token=True)
 
 
 def install_sample_hook(runner: Any, tree_context: TreeContext, sink: LastLogitsTopK,
@@ -320,9 +355,8 @@ def install_sample_hook(runner: Any, tree_context: TreeContext, sink: LastLogits
     of ``logits``, so ``logits`` is still raw (pre-temperature, post grammar bitmask).
     For a chain, that row is (bonus row - num_draft_tokens[i]) + num_generated[i] - 1;
     for a tree, the row of its last accepted node. A step in which no request has a
-    draft is sampled by the plain sampler (_no_drafts_in_step), and so are the root
-    rows of a step of greedy trees only (_only_greedy_trees_in_step), whose
-    verification replaces the rejection sampler's.
+    draft (_sample_bonus_rows), or whose verdicts are its logits rows' argmaxes
+    (_greedy_verdicts), skips the rejection sampler for the same result.
 
     A call whose arguments cannot be found by name runs the original unchanged and
     switches the hook off for good (``on_drift("_sample", reason)``: no trees, no
@@ -353,26 +387,26 @@ def install_sample_hook(runner: Any, tree_context: TreeContext, sink: LastLogits
             accept_no_tree_drafts(tree_context, output, on_error)
             return output
         logits, spec_decode_metadata = found
-        output = None
+        output = row_argmaxes = None
         try:
-            # vLLM builds spec metadata for every step once speculation is on. With no
-            # draft anywhere the rejection sampler's result is its bonus sample (the
-            # root rows' sample), taken here by the same call minus the
-            # full-vocabulary logprobs it would compute and discard
-            # (rejection_sampler.py:141-160) and minus empty kernels; with greedy trees
-            # only, tree verification replaces the rest of its result.
-            tree_only = (compact is not None and spec_decode_metadata is not None
-                         and _only_greedy_trees_in_step(tree_context.step,
-                                                        spec_decode_metadata,
-                                                        runner.input_batch))
-            if tree_only or (spec_decode_metadata is not None and _no_drafts_in_step(
-                    spec_decode_metadata, runner.input_batch)):
-                runner.input_batch.update_async_output_token_ids()
-                output = _sample_root_rows(runner, logits, spec_decode_metadata)
-                tree_context.counters["tree_only_steps"] += tree_only
+            # vLLM builds spec metadata for every step once speculation is on; steps
+            # with no draft, or whose verdicts are the rows' argmaxes, need less than
+            # its rejection sampler (minus empty kernels, full-vocabulary logprobs
+            # and a torch argmax over row copies).
+            if spec_decode_metadata is not None:
+                if _no_drafts_in_step(spec_decode_metadata, runner.input_batch):
+                    runner.input_batch.update_async_output_token_ids()
+                    output = _sample_bonus_rows(runner, logits, spec_decode_metadata)
+                elif _verdicts_are_row_argmaxes(runner, spec_decode_metadata):
+                    step = tree_context.step if compact is not None else None
+                    runner.input_batch.update_async_output_token_ids()
+                    output, row_argmaxes = _greedy_verdicts(
+                        logits, spec_decode_metadata,
+                        [] if step is None else [tree.req_idx for tree in step.trees])
+                    tree_context.counters["greedy_verified_steps"] += 1
         except Exception as exc:  # vLLM changed: its own sampling is always right
             on_error("sampling without the rejection sampler", exc)
-            output = None
+            output = row_argmaxes = None
         if output is None:
             output = original(*args, **kwargs)
         if logits is None or spec_decode_metadata is None:
@@ -387,7 +421,7 @@ def install_sample_hook(runner: Any, tree_context: TreeContext, sink: LastLogits
             else:
                 last_rows = verify_step_trees(tree_context, logits, spec_decode_metadata,
                                               output.sampled_token_ids, compact, on_error,
-                                              sampling)
+                                              sampling, row_argmaxes)
         try:
             sampled = output.sampled_token_ids
             num_generated = (sampled != -1).sum(dim=1).clamp_(min=1)

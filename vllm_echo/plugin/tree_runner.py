@@ -162,7 +162,7 @@ def _collect_step(tree_context: TreeContext, runner: Any,
     return step, positions
 
 
-def _row_argmax(rows: torch.Tensor) -> np.ndarray:
+def row_argmax(rows: torch.Tensor) -> np.ndarray:
     """Each logits row's argmax (the first one on ties), in fp32: on CPU an argmax over
     bf16 logits is several times slower, and vLLM's CPU greedy sampler op (the one it
     samples greedy requests with) several times faster than torch's."""
@@ -226,8 +226,9 @@ def _set_row(sampled: torch.Tensor, req_idx: int, row: list[int]) -> None:
 def verify_step_trees(tree_context: TreeContext, logits: torch.Tensor, metadata: Any,
                       sampled: torch.Tensor, compact: Callable,
                       on_error: Callable[[str, BaseException], None],
-                      sampling: Any) -> dict[int, int]:
-    """Apply tree verification to the step's tree requests (in place).
+                      sampling: Any, row_argmaxes: np.ndarray | None = None) -> dict[int, int]:
+    """Apply tree verification to the step's tree requests (in place); ``row_argmaxes``,
+    every logits row's argmax when the sampling hook took them already.
 
     Greedy requests accept the longest path matching the target's argmax; sampled
     requests use recursive rejection over siblings against the processed target
@@ -249,7 +250,8 @@ def verify_step_trees(tree_context: TreeContext, logits: torch.Tensor, metadata:
     for tree in step.trees:
         try:
             last_rows[tree.req_idx] = _verify_tree(tree_context, tree, offset, step, logits,
-                                                   metadata, sampled, compact, on_error, sampling)
+                                                   metadata, sampled, compact, on_error, sampling,
+                                                   row_argmaxes)
         except Exception as exc:
             on_error("tree verification", exc)
             _set_row(sampled, tree.req_idx, [int(sampled[tree.req_idx, 0])])
@@ -261,7 +263,8 @@ def verify_step_trees(tree_context: TreeContext, logits: torch.Tensor, metadata:
 
 def _verify_tree(tree_context: TreeContext, tree: TreeRows, offset: int, step: StepTrees,
                  logits: torch.Tensor, metadata: Any, sampled: torch.Tensor, compact: Callable,
-                 on_error: Callable[[str, BaseException], None], sampling: Any) -> int:
+                 on_error: Callable[[str, BaseException], None], sampling: Any,
+                 row_argmaxes: np.ndarray | None) -> int:
     """Verify one tree request, compact its KV and write its row; returns the logits
     row of its last token. Raises only before its row is written."""
     if step.failed:
@@ -271,7 +274,8 @@ def _verify_tree(tree_context: TreeContext, tree: TreeRows, offset: int, step: S
         raise RuntimeError(f"{n} tree nodes prepared but "
                            f"{metadata.num_draft_tokens[tree.req_idx]} drafts sampled")
     start = int(metadata.bonus_logits_indices[tree.req_idx]) - n
-    argmax = _row_argmax(logits[start:start + n + 1])
+    argmax = (row_argmax(logits[start:start + n + 1]) if row_argmaxes is None
+              else row_argmaxes[start:start + n + 1])
     # vLLM marks greedy requests with temperature <= 0
     greedy = sampling.all_greedy or float(sampling.temperature[tree.req_idx]) <= 0
     if greedy:

@@ -89,11 +89,11 @@ class TreeContext:
     # The step in flight: set after _prepare_inputs, taken by the sampling hook.
     step: StepTrees | None = None
     # Tree requests verified, those whose accepted path left the first branch and so
-    # needed KV compaction, and steps of greedy trees only, sampled without vLLM's
+    # needed KV compaction, and steps with drafts verified greedily without vLLM's
     # rejection sampler (reported with the proposer's stats).
     counters: dict[str, int] = field(
         default_factory=lambda: {"tree_verifications": 0, "tree_compactions": 0,
-                                 "tree_only_steps": 0})
+                                 "greedy_verified_steps": 0})
     # req_id -> accepted node indices of its last tree verification, kept only when a
     # proposer that learns from verdicts (ECHO) asks for them and pops them.
     record_paths: bool = False
