@@ -1,8 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A greedy step verified without vLLM's rejection sampler
-(runner_hooks._sample_without_rejection_sampler) gets exactly that sampler's rows, ties
-included; a step whose draft rows the rejection sampler would change first
-(_verdicts_are_row_argmaxes) is left to it. vLLM's own RejectionSampler, with the
+"""A greedy step verified without vLLM's rejection sampler (runner_hooks._greedy_verdicts)
+gets exactly that sampler's rows, ties included; a step whose rows vLLM would change
+before taking their argmax (_verdicts_are_row_argmaxes) is left to it. vLLM's own RejectionSampler, with the
 CPU platform's kernels, is the reference."""
 
 import dataclasses
@@ -106,7 +105,7 @@ def test_greedy_rows_are_the_rejection_samplers(samplers, dtype):
     assert accepted > 100  # drafts were accepted, not only rejected
 
 
-def test_tree_requests_get_their_root_rows_sample_and_chains_their_verdict(samplers):
+def test_tree_requests_get_their_root_rows_argmax_and_chains_their_verdict(samplers):
     rng = np.random.default_rng(3)
     metadata, logits = _random_step(rng, torch.float32)
     while len(metadata.num_draft_tokens) < 3 or min(metadata.num_draft_tokens) == 0:
