@@ -49,13 +49,13 @@ class Batch:
         self.candidates = zipf_tokens(rng, batch * TOPK).reshape(batch, TOPK)
 
 
-def time_echo(b: Batch, draft: Callable) -> tuple[list[float], float]:
+def time_echo(b: Batch, max_ngram: int, draft: Callable) -> tuple[list[float], float]:
     """Seconds of each step (extend + draft over the batch); index bytes per token."""
     from vllm_echo.algos.ngram_index import NgramIndex
 
     indexes = []
     for r in range(b.batch):
-        index = NgramIndex(3, 20, capacity_hint=b.context + b.steps)
+        index = NgramIndex(max_ngram, 20, capacity_hint=b.context + b.steps)
         index.extend(b.tokens[r, :b.context])
         indexes.append(index)
     bytes_per_token = sum(ix.nbytes / ix.length for ix in indexes) / len(indexes)
@@ -97,12 +97,19 @@ def time_vllm(b: Batch, proposer) -> list[float]:
     return times
 
 
-def echo_methods() -> dict[str, Callable]:
+def echo_methods() -> dict[str, tuple[int, Callable]]:
+    """name: (max_ngram, draft): LogitSpec's m, and ECHO's default m for its forests."""
     from vllm_echo.algos.forest import build_forest, first_chain
+    from vllm_echo.config import ECHO_MAX_NGRAM, LOGITSPEC_MAX_NGRAM
+
+    def forest(ix, c):
+        return build_forest(ix, c, 64)
 
     return {
-        "vllm-echo forest c64 (extend+build_forest)": lambda ix, c: build_forest(ix, c, 64),
-        "vllm-echo chain K=4 (extend+first_chain)": lambda ix, c: first_chain(ix, c, 4),
+        "vllm-echo forest c64 (extend+build_forest)": (LOGITSPEC_MAX_NGRAM, forest),
+        f"vllm-echo forest c64, m={ECHO_MAX_NGRAM} (echo)": (ECHO_MAX_NGRAM, forest),
+        "vllm-echo chain K=4 (extend+first_chain)":
+            (LOGITSPEC_MAX_NGRAM, lambda ix, c: first_chain(ix, c, 4)),
     }
 
 
@@ -124,8 +131,8 @@ def run(batches: list[int], contexts: list[int], steps: int) -> dict[str, Any]:
     echo = echo_methods()
     # Compile every kernel outside the timed region (numba JIT on first real call).
     warm = Batch(2, 64, 2, seed=1)
-    for draft in echo.values():
-        time_echo(warm, draft)
+    for max_ngram, draft in echo.values():
+        time_echo(warm, max_ngram, draft)
     for proposer in proposers.values():
         time_vllm(warm, proposer)
 
@@ -133,8 +140,8 @@ def run(batches: list[int], contexts: list[int], steps: int) -> dict[str, Any]:
     for context in contexts:
         for batch in batches:
             b = Batch(batch, context, steps)
-            for name, draft in echo.items():
-                times, bpt = time_echo(b, draft)
+            for name, (max_ngram, draft) in echo.items():
+                times, bpt = time_echo(b, max_ngram, draft)
                 rows.append(_row(name, b, times, bpt))
             for name, proposer in proposers.items():
                 rows.append(_row(name, b, time_vllm(b, proposer), None))

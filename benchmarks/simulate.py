@@ -275,6 +275,7 @@ def replay(rows: list[dict], drafter: Callable | None, batch: int = 1,
     the offline benchmark's tokens per forward: the prefill emits a request's first
     token, each step after it one forward."""
     from vllm_echo.algos.verify import verify_greedy
+    from vllm_echo.config import LOGITSPEC_MAX_NGRAM
 
     total = num_requests or max(len(rows), batch)
     cycled = (rows[i % len(rows)] for i in range(total)) if rows else ()
@@ -282,9 +283,11 @@ def replay(rows: list[dict], drafter: Callable | None, batch: int = 1,
     live: list[list] = []  # [state, pos]
     forwards = tokens = drafted = decode_forwards = 0
     seconds = 0.0
+    # The index the drafter reads: ECHO's own m, LogitSpec's reference m otherwise.
+    max_ngram = getattr(drafter, "max_ngram", LOGITSPEC_MAX_NGRAM)
     while queue or live:
         while queue and len(live) < batch:
-            state = Replay(queue.pop())
+            state = Replay(queue.pop(), max_ngram=max_ngram)
             forwards += 1  # the prefill emits output 0
             tokens += state.n_out
             if state.n_out > 1:
@@ -332,6 +335,7 @@ class EchoDrafter:
         self.settings = EchoSettings.from_dict({"method": "echo", "num_speculative_tokens": 63,
                                                 **(overrides or {})})
         self.cap = self.settings.max_drafts
+        self.max_ngram = self.settings.max_ngram
         self.planner = EchoPlanner(self.settings)
         self.steps = self.tree_steps = 0
         self.plan_s = 0.0

@@ -41,6 +41,13 @@ class SpeculativeConfigError(ValueError):
     stops the server: vllm_echo.plugin.errors)."""
 
 
+# Longest m-gram when the user gives none. LogitSpec keeps its reference's 3. ECHO
+# scores a retrieved token by the length of the match that found it, so a long match
+# (a copied line) earns its own, higher acceptance rate; and where a short m-gram's
+# latest occurrence is often the reply itself, a long one finds the copied passage.
+LOGITSPEC_MAX_NGRAM = 3
+ECHO_MAX_NGRAM = 8
+
 # Chain-mode draft length when the user gives none. On the 2-core CPU a verified
 # token costs real compute (see docs and benchmarks), so the default is short.
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
@@ -50,13 +57,15 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 class EchoSettings:
     """Settings of the ``logitspec`` and ``echo`` methods.
 
-    Defaults follow the LogitSpec reference (m = 3, span 20, top-k 64, capacity 64).
+    Defaults follow the LogitSpec reference (m = 3, span 20, top-k 64, capacity 64),
+    except ECHO's m (ECHO_MAX_NGRAM).
 
     Attributes:
         method: "logitspec" or "echo".
         num_speculative_tokens: most draft tokens sent to vLLM per request and step
             (vLLM's K; drafts are clipped to it).
-        max_ngram: longest m-gram indexed and matched (m = max_ngram..1).
+        max_ngram: longest m-gram indexed and matched (m = max_ngram..1); None:
+            LOGITSPEC_MAX_NGRAM or ECHO_MAX_NGRAM, by method.
         span: continuation length stored and retrieved per match.
         topk: next-next candidates taken from the target's last logits.
         capacity: most verified tokens per request and step in the draft forest,
@@ -84,7 +93,7 @@ class EchoSettings:
 
     method: str = "logitspec"
     num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
-    max_ngram: int = 3
+    max_ngram: int | None = None
     span: int = 20
     topk: int = 64
     capacity: int = 64
@@ -103,6 +112,9 @@ class EchoSettings:
             raise SpeculativeConfigError(
                 f"speculative_config: method={self.method!r} is not a vllm-echo method; "
                 f"allowed: {', '.join(METHODS)}")
+        if self.max_ngram is None:
+            object.__setattr__(self, "max_ngram", ECHO_MAX_NGRAM if self.method == "echo"
+                               else LOGITSPEC_MAX_NGRAM)
         for name, low, high in (("num_speculative_tokens", 1, 128), ("max_ngram", 1, 8),
                                 ("span", 1, 1024), ("topk", 1, None),
                                 # vLLM's rejection sampler caps drafts at 128 per request

@@ -9,6 +9,14 @@ def test_defaults_follow_the_logitspec_reference():
     assert (s.max_ngram, s.span, s.topk, s.capacity) == (3, 20, 64, 64)
 
 
+def test_echo_matches_longer_m_grams_unless_told():
+    assert EchoSettings.from_dict({"method": "echo"}).max_ngram == 8
+    assert EchoSettings.from_dict({"method": "echo", "max_ngram": 3}).max_ngram == 3
+    assert EchoSettings.from_dict({"method": "logitspec"}).max_ngram == 3
+    settings = EchoSettings.from_dict({"method": "echo"})
+    assert EchoSettings.from_dict(settings.to_dict()) == settings
+
+
 @pytest.mark.parametrize("raw,words", [
     ({"method": "logitspec", "spam": 1}, ["unknown key", "'spam'", "allowed", "max_ngram"]),
     ({"method": "logitspec", "max_ngram": "3"}, ["max_ngram", "'3'", "integer"]),
