@@ -44,7 +44,7 @@ class SpeculativeConfigError(ValueError):
 # Longest m-gram when the user gives none. LogitSpec keeps its reference's 3. ECHO
 # scores a retrieved token by the length of the match that found it, so a long match
 # (a copied line) earns its own, higher acceptance rate; and where a short m-gram's
-# latest occurrence is often the reply itself, a long one finds the copied passage.
+# latest occurrence can be the reply itself, a long one is more often unique.
 LOGITSPEC_MAX_NGRAM = 3
 ECHO_MAX_NGRAM = 8
 
