@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -136,12 +137,63 @@ def _build_llm(job: dict):
                disable_log_stats=False, **backend)
 
 
+class StepSizes:
+    """Decode steps by size (tokens the step verified: live requests plus their
+    drafts): how many, their median time, and the tokens they emitted. A step that
+    emitted one token per live request accepted no draft."""
+
+    def __init__(self):
+        self._steps: dict[int, list] = defaultdict(lambda: [[], 0, 0])  # seconds, emitted, none
+
+    def add(self, size: int, seconds: float, emitted: int, live: int) -> None:
+        entry = self._steps[size]
+        entry[0].append(seconds)
+        entry[1] += emitted
+        entry[2] += emitted == live
+
+    def merge(self, other: "StepSizes") -> None:
+        for size, (seconds, emitted, none) in other._steps.items():
+            entry = self._steps[size]
+            entry[0].extend(seconds)
+            entry[1] += emitted
+            entry[2] += none
+
+    def summary(self) -> list[dict]:
+        return [{"tokens": size, "steps": len(seconds),
+                 "median_ms": 1e3 * statistics.median(seconds),
+                 "emitted_per_step": emitted / len(seconds), "accepted_nothing": none}
+                for size, (seconds, emitted, none) in sorted(self._steps.items())]
+
+
+def _watch_scheduler(engine) -> dict | None:
+    """Wrap the in-process scheduler's ``schedule`` (private: ``engine_core.engine_core``)
+    so that each step's verified tokens and whether it admitted a new request (a
+    prefill) can be read after ``engine.step()``; None where the engine is not
+    in-process."""
+    scheduler = getattr(getattr(getattr(engine, "engine_core", None), "engine_core", None),
+                        "scheduler", None)
+    if scheduler is None:
+        return None
+    if not hasattr(scheduler, "_bench_last"):
+        original = scheduler.schedule
+        last = scheduler._bench_last = {}
+
+        def schedule(*args, **kwargs):
+            output = original(*args, **kwargs)
+            last["tokens"] = output.total_num_scheduled_tokens
+            last["prefill"] = bool(output.scheduled_new_reqs)
+            return output
+        scheduler.schedule = schedule
+    return scheduler._bench_last
+
+
 def _generate_stepwise(llm, prompts: list[list[int]], params, first_id: int = 0) -> dict:
     """Submit all prompts, drive the engine step by step, log who got tokens when."""
     engine = llm.llm_engine
     ids = [f"bench-{first_id + i}" for i in range(len(prompts))]
     tokens: dict[str, list[int]] = {rid: [] for rid in ids}
     forwards: dict[str, int] = defaultdict(int)
+    sizes, scheduled = StepSizes(), _watch_scheduler(engine)
     step_seconds = 0.0
     steps = 0
     start = time.perf_counter()
@@ -150,16 +202,23 @@ def _generate_stepwise(llm, prompts: list[list[int]], params, first_id: int = 0)
     while engine.has_unfinished_requests():
         t = time.perf_counter()
         outputs = engine.step()
-        step_seconds += time.perf_counter() - t
+        seconds = time.perf_counter() - t
+        step_seconds += seconds
         steps += 1
+        emitted = live = 0
         for out in outputs:
             new = out.outputs[0].token_ids
             if new:
                 tokens[out.request_id].extend(new)
                 forwards[out.request_id] += 1
+                emitted += len(new)
+                live += 1
+        if scheduled and live and not scheduled["prefill"]:
+            sizes.add(scheduled["tokens"], seconds, emitted, live)
     wall = time.perf_counter() - start
     return {"token_ids": [tokens[r] for r in ids], "forwards": [forwards[r] for r in ids],
-            "wall_s": wall, "step_s": step_seconds, "engine_steps": steps}
+            "wall_s": wall, "step_s": step_seconds, "engine_steps": steps,
+            "step_sizes": sizes}
 
 
 def _generate_on_request(llm, job: dict, params) -> dict:
@@ -184,7 +243,10 @@ def _generate_on_request(llm, job: dict, params) -> dict:
     if len(ordered) != len(job["prompt_ids"]):
         raise RuntimeError(f"interleaved run generated {len(ordered)} of "
                            f"{len(job['prompt_ids'])} prompts")
-    return {"token_ids": [r["token_ids"][0] for r in ordered],
+    sizes = StepSizes()
+    for r in ordered:
+        sizes.merge(r["step_sizes"])
+    return {"token_ids": [r["token_ids"][0] for r in ordered], "step_sizes": sizes,
             "forwards": [r["forwards"][0] for r in ordered],
             **{key: sum(r[key] for r in ordered) for key in ("wall_s", "step_s", "engine_steps")}}
 
@@ -262,6 +324,8 @@ def run(job: dict) -> dict:
         # vLLM turns async scheduling off for ngram/custom drafters (and always on CPU);
         # on a GPU `none` keeps it, which is part of what the ratio then measures.
         "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
+        # decode steps by verified tokens (at batch 1: 1 + the step's drafts)
+        "step_sizes": gen["step_sizes"].summary(),
         "token_ids": gen["token_ids"],
     }
 

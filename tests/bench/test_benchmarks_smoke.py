@@ -70,6 +70,11 @@ def test_offline_smoke(tmp_path: Path) -> None:
             "ratio_to_none", "identical_to_none", "wall_s"} <= none.keys()
     # Without drafts every forward emits exactly one token.
     assert none["tokens_per_forward"] == pytest.approx(1.0)
+    assert [(s["tokens"], s["emitted_per_step"]) for s in none["step_sizes"]] == [(1, 1.0)]
+    for name, row in rows.items():
+        # every token but each prompt's first (its prefill's) comes from a decode step
+        decoded = sum(round(s["emitted_per_step"] * s["steps"]) for s in row["step_sizes"])
+        assert decoded == row["output_tokens"] - row["num_prompts"], name
     for name in ("logitspec", "echo"):
         spec = rows[name]
         assert {"num_drafts", "draft_acceptance_rate", "accepted_tokens_per_position",
