@@ -354,6 +354,62 @@ def _per_position(counts: list | None) -> str | None:
     return f"{text} (K={len(counts)})"
 
 
+def _interpolate(points: dict[int, float], size: int) -> float:
+    """Linear in size between the nearest measured sizes, the nearest one outside them."""
+    sizes = sorted(points)
+    below = [k for k in sizes if k <= size] or sizes[:1]
+    above = [k for k in sizes if k >= size] or sizes[-1:]
+    lo, hi = below[-1], above[0]
+    if lo == hi:
+        return points[lo]
+    return points[lo] + (points[hi] - points[lo]) * (size - lo) / (hi - lo)
+
+
+def cut_at_first_miss(step_sizes: list[dict]) -> float | None:
+    """A batch-1 run's decode time over what it would have taken had every drafted
+    step drafted exactly the tokens it accepted (a step emitting e tokens priced at
+    the run's median time of a step of size e): how much knowing where each draft
+    goes wrong would have saved."""
+    times = {s["tokens"]: s["median_ms"] for s in step_sizes}
+    if not times:
+        return None
+    spent = sum(s["steps"] * s["median_ms"] for s in step_sizes)
+    cut = sum(int(n) * (_interpolate(times, int(e)) if s["tokens"] > 1 else s["median_ms"])
+              for s in step_sizes for e, n in s["steps_by_emitted"].items())
+    return spent / cut
+
+
+def step_size_table(results: list[dict]) -> str:
+    """Batch-1 decode steps by size, per method over its rounds (markdown)."""
+    pooled: dict[tuple[str, int], list] = {}
+    bounds: dict[str, list[float]] = {}
+    for r in results:
+        if r["status"] != "ok" or r["batch_size"] != 1 or not r.get("step_sizes"):
+            continue
+        for s in r["step_sizes"]:
+            entry = pooled.setdefault((r["method"], s["tokens"]), [0, [], 0, 0])
+            entry[0] += s["steps"]
+            entry[1].append(s["median_ms"])
+            entry[2] += s["emitted_per_step"] * s["steps"]
+            entry[3] += s["accepted_nothing"] if s["tokens"] > 1 else 0
+        bound = cut_at_first_miss(r["step_sizes"])
+        if bound:
+            bounds.setdefault(r["method"], []).append(bound)
+    if not pooled:
+        return ""
+    rows = [[method, size, steps, statistics.median(ms), emitted / steps,
+             nothing if size > 1 else "–"]
+            for (method, size), (steps, ms, emitted, nothing) in sorted(pooled.items())]
+    text = ("\n## Batch-1 decode steps by size\n\nSize: 1 + the step's drafts; median ms "
+            "over the rounds' medians. Cut at the first miss: decode time over the same "
+            "steps priced at the sizes they emitted, per round.\n\n")
+    text += "".join(f"- {m}: cut at the first miss "
+                    f"{' / '.join(f'{b:.2f}' for b in v)}\n" for m, v in bounds.items())
+    return text + "\n" + bench_common.markdown_table(
+        ["method", "size", "steps", "median ms", "tokens emitted / step", "accepted nothing"],
+        rows)
+
+
 def markdown(report: dict) -> str:
     env = report["environment"]
     head = (f"# Offline benchmark\n\nModel `{report['model']}`, dataset `{report['dataset']}`, "
@@ -402,6 +458,7 @@ def markdown(report: dict) -> str:
                 for r in report["results"] if r["status"] == "ok" and r["round"] == 0]
         text += "\n## Tokens per target forward by category\n\n"
         text += bench_common.markdown_table(["method", "batch", *cats], rows)
+    text += step_size_table(report["results"])
     if report.get("notes"):
         text += "\n" + "\n".join(f"- {n}" for n in report["notes"]) + "\n"
     return text

@@ -29,7 +29,7 @@ import statistics
 import sys
 import time
 import traceback
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -139,30 +139,34 @@ def _build_llm(job: dict):
 
 class StepSizes:
     """Decode steps by size (tokens the step verified: live requests plus their
-    drafts): how many, their median time, and the tokens they emitted. A step that
-    emitted one token per live request accepted no draft."""
+    drafts): how many, their median time, and how many tokens each emitted. A step
+    that emitted one token per live request accepted no draft."""
 
     def __init__(self):
-        self._steps: dict[int, list] = defaultdict(lambda: [[], 0, 0])  # seconds, emitted, none
+        # size -> (seconds of each step, steps by tokens emitted, steps that accepted nothing)
+        self._steps: dict[int, tuple[list, Counter, list]] = defaultdict(
+            lambda: ([], Counter(), [0]))
 
     def add(self, size: int, seconds: float, emitted: int, live: int) -> None:
-        entry = self._steps[size]
-        entry[0].append(seconds)
-        entry[1] += emitted
-        entry[2] += emitted == live
+        times, by_emitted, none = self._steps[size]
+        times.append(seconds)
+        by_emitted[emitted] += 1
+        none[0] += emitted == live
 
     def merge(self, other: "StepSizes") -> None:
-        for size, (seconds, emitted, none) in other._steps.items():
-            entry = self._steps[size]
-            entry[0].extend(seconds)
-            entry[1] += emitted
-            entry[2] += none
+        for size, (times, by_emitted, none) in other._steps.items():
+            mine = self._steps[size]
+            mine[0].extend(times)
+            mine[1].update(by_emitted)
+            mine[2][0] += none[0]
 
     def summary(self) -> list[dict]:
-        return [{"tokens": size, "steps": len(seconds),
-                 "median_ms": 1e3 * statistics.median(seconds),
-                 "emitted_per_step": emitted / len(seconds), "accepted_nothing": none}
-                for size, (seconds, emitted, none) in sorted(self._steps.items())]
+        return [{"tokens": size, "steps": len(times),
+                 "median_ms": 1e3 * statistics.median(times),
+                 "emitted_per_step": sum(e * n for e, n in by_emitted.items()) / len(times),
+                 "steps_by_emitted": dict(sorted(by_emitted.items())),
+                 "accepted_nothing": none[0]}
+                for size, (times, by_emitted, none) in sorted(self._steps.items())]
 
 
 def _watch_scheduler(engine) -> dict | None:

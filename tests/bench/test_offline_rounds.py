@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""offline.py's rounds: ratios are paired by round, medians and ranges are exact."""
+"""offline.py's rounds: ratios are paired by round, medians and ranges are exact; what
+knowing each draft's first miss would have saved."""
 
 from __future__ import annotations
 
@@ -54,3 +55,12 @@ def test_round_order_rotates() -> None:
         (1, "echo"), (1, "ngram"), (1, "none"),
         (2, "ngram"), (2, "none"), (2, "echo")]
     assert offline.round_order(["none"], 2) == [(0, "none"), (1, "none")]
+
+
+def test_cut_at_first_miss_prices_steps_at_what_they_emitted() -> None:
+    steps = [{"tokens": 1, "steps": 2, "median_ms": 40.0, "steps_by_emitted": {"1": 2}},
+             {"tokens": 9, "steps": 2, "median_ms": 60.0, "steps_by_emitted": {"1": 1, "5": 1}}]
+    # the miss re-priced as a plain step (40), the 5-token step at size 5, between the
+    # sizes measured (40 + (60 - 40) * 4 / 8 = 50)
+    assert offline.cut_at_first_miss(steps) == pytest.approx((80 + 120) / (80 + 40 + 50))
+    assert offline.cut_at_first_miss([]) is None
