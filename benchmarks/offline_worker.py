@@ -143,30 +143,25 @@ class StepSizes:
     that emitted one token per live request accepted no draft."""
 
     def __init__(self):
-        # size -> (seconds of each step, steps by tokens emitted, steps that accepted nothing)
-        self._steps: dict[int, tuple[list, Counter, list]] = defaultdict(
-            lambda: ([], Counter(), [0]))
+        self._steps: dict[int, list[tuple[float, int, bool]]] = defaultdict(list)
 
     def add(self, size: int, seconds: float, emitted: int, live: int) -> None:
-        times, by_emitted, none = self._steps[size]
-        times.append(seconds)
-        by_emitted[emitted] += 1
-        none[0] += emitted == live
+        self._steps[size].append((seconds, emitted, emitted == live))
 
     def merge(self, other: "StepSizes") -> None:
-        for size, (times, by_emitted, none) in other._steps.items():
-            mine = self._steps[size]
-            mine[0].extend(times)
-            mine[1].update(by_emitted)
-            mine[2][0] += none[0]
+        for size, steps in other._steps.items():
+            self._steps[size].extend(steps)
 
     def summary(self) -> list[dict]:
-        return [{"tokens": size, "steps": len(times),
-                 "median_ms": 1e3 * statistics.median(times),
-                 "emitted_per_step": sum(e * n for e, n in by_emitted.items()) / len(times),
-                 "steps_by_emitted": dict(sorted(by_emitted.items())),
-                 "accepted_nothing": none[0]}
-                for size, (times, by_emitted, none) in sorted(self._steps.items())]
+        out = []
+        for size, steps in sorted(self._steps.items()):
+            seconds, emitted, nothing = zip(*steps)
+            out.append({"tokens": size, "steps": len(steps),
+                        "median_ms": 1e3 * statistics.median(seconds),
+                        "emitted_per_step": sum(emitted) / len(steps),
+                        "steps_by_emitted": dict(sorted(Counter(emitted).items())),
+                        "accepted_nothing": sum(nothing)})
+        return out
 
 
 def _watch_scheduler(engine) -> dict | None:
