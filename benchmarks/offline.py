@@ -310,9 +310,26 @@ def _spread(values: list[float]) -> dict[str, Any]:
             "per_round": values}
 
 
+def tokens_per_s_after_first_step(row: dict) -> float | None:
+    """Throughput without the run's first engine step. That step prefills the batch's
+    first prompts, the same work for every method, yet on a shared VM its time swings
+    between runs by more than the methods differ."""
+    first = row.get("first_step")
+    if not first or row["batch_size"] == 1 or row["wall_s"] <= first["seconds"]:
+        return None
+    return (row["output_tokens"] - first["emitted"]) / (row["wall_s"] - first["seconds"])
+
+
+def _paired(by_round: dict[int, dict], ref: dict[int, dict], rate) -> dict | None:
+    ratios = [rate(by_round[k]) / rate(ref[k]) for k in sorted(by_round)
+              if k in ref and rate(by_round[k]) and rate(ref[k])]
+    return _spread(ratios) if ratios else None
+
+
 def summarize(rows: list[dict], reference: str) -> list[dict]:
     """Per (method, batch size) over its rounds: throughput, and its ratios to `none`
-    and to ``reference`` paired by round (a round whose reference failed is left out)."""
+    and to ``reference`` paired by round (a round whose reference failed is left out),
+    also without each run's first step (:func:`tokens_per_s_after_first_step`)."""
     runs: dict[tuple[str, int], dict[int, dict]] = {}
     for r in rows:
         if r["status"] == "ok":
@@ -328,9 +345,10 @@ def summarize(rows: list[dict], reference: str) -> list[dict]:
                                                     for k in rounds)}
         for ref_name in dict.fromkeys(["none", reference]):
             ref = runs.get((ref_name, batch), {})
-            ratios = [by_round[k]["output_tokens_per_s"] / ref[k]["output_tokens_per_s"]
-                      for k in rounds if k in ref and ref[k]["output_tokens_per_s"]]
-            entry[f"vs_{ref_name}"] = _spread(ratios) if ratios else None
+            entry[f"vs_{ref_name}"] = _paired(by_round, ref,
+                                              lambda r: r["output_tokens_per_s"])
+            entry[f"vs_{ref_name}_after_first_step"] = _paired(
+                by_round, ref, tokens_per_s_after_first_step)
         summary.append(entry)
     return summary
 
@@ -443,10 +461,11 @@ def markdown(report: dict) -> str:
                  "are paired by round (each round runs every method once, order rotated).\n\n")
         text += bench_common.markdown_table(
             ["method", "batch", "rounds", "tok/s", "tok/s per round", "tok/forward",
-             *[f"vs {n}" for n in refs]],
+             *[f"vs {n}" for n in refs], *[f"vs {n} after the first step" for n in refs]],
             [[e["method"], e["batch_size"], e["rounds"], e["output_tokens_per_s"]["median"],
               " / ".join(f"{v:.1f}" for v in e["output_tokens_per_s"]["per_round"]),
-              e["tokens_per_forward"], *[_ratio_text(e[f"vs_{n}"]) for n in refs]]
+              e["tokens_per_forward"], *[_ratio_text(e[f"vs_{n}"]) for n in refs],
+              *[_ratio_text(e[f"vs_{n}_after_first_step"]) for n in refs]]
              for e in report["summary"]])
         text += "\n## Every run\n\n"
     text += bench_common.markdown_table(headers, rows)

@@ -195,6 +195,7 @@ def _generate_stepwise(llm, prompts: list[list[int]], params, first_id: int = 0)
     sizes, scheduled = StepSizes(), _watch_scheduler(engine)
     step_seconds = 0.0
     steps = 0
+    first_step = None
     start = time.perf_counter()
     for rid, prompt in zip(ids, prompts):
         engine.add_request(rid, {"prompt_token_ids": prompt}, params)
@@ -214,10 +215,12 @@ def _generate_stepwise(llm, prompts: list[list[int]], params, first_id: int = 0)
                 live += 1
         if scheduled and live and not scheduled["prefill"]:
             sizes.add(scheduled["tokens"], seconds, emitted, live)
+        if first_step is None:
+            first_step = {"seconds": seconds, "emitted": emitted}
     wall = time.perf_counter() - start
     return {"token_ids": [tokens[r] for r in ids], "forwards": [forwards[r] for r in ids],
             "wall_s": wall, "step_s": step_seconds, "engine_steps": steps,
-            "step_sizes": sizes}
+            "step_sizes": sizes, "first_step": first_step}
 
 
 def _generate_on_request(llm, job: dict, params) -> dict:
@@ -325,6 +328,9 @@ def run(job: dict) -> dict:
         "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
         # decode steps by verified tokens (at batch 1: 1 + the step's drafts)
         "step_sizes": gen["step_sizes"].summary(),
+        # The batch's first engine step: the first prompts' prefill, the same work for
+        # every method (None for interleaved runs, which have one per prompt).
+        "first_step": gen.get("first_step"),
         "token_ids": gen["token_ids"],
     }
 

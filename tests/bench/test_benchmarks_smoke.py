@@ -75,6 +75,8 @@ def test_offline_smoke(tmp_path: Path) -> None:
         # every token but each prompt's first (its prefill's) comes from a decode step
         decoded = sum(round(s["emitted_per_step"] * s["steps"]) for s in row["step_sizes"])
         assert decoded == row["output_tokens"] - row["num_prompts"], name
+        # batch 1: the first step prefills the first prompt and emits its first token
+        assert row["first_step"]["emitted"] == 1, name
     for name in ("logitspec", "echo"):
         spec = rows[name]
         assert {"num_drafts", "draft_acceptance_rate", "accepted_tokens_per_position",

@@ -44,6 +44,25 @@ def test_ratios_are_paired_by_round() -> None:
     assert offline._ratio_text(ngram["vs_none"]) == "1.25 [1.20–1.30]"
 
 
+def test_ratios_after_the_first_step_leave_its_time_out() -> None:
+    def run(method: str, round_: int, wall: float, first_s: float) -> dict:
+        return {"method": method, "batch_size": 8, "round": round_, "status": "ok",
+                "output_tokens": 808, "wall_s": wall, "output_tokens_per_s": 808 / wall,
+                "tokens_per_forward": 2.0, "first_step": {"seconds": first_s, "emitted": 8}}
+    # Round 0: the same decode time (4 s) after a first step that took 1 s for `none`
+    # and 2 s for `echo`; round 1: echo's decode 3 s against 4 s, equal first steps.
+    rows = [run("none", 0, 5.0, 1.0), run("echo", 0, 6.0, 2.0),
+            run("none", 1, 5.0, 1.0), run("echo", 1, 4.0, 1.0)]
+    assert offline.tokens_per_s_after_first_step(rows[0]) == pytest.approx(200.0)
+    echo = {e["method"]: e for e in offline.summarize(rows, reference="none")}["echo"]
+    assert echo["vs_none"]["per_round"] == [pytest.approx(5 / 6), pytest.approx(5 / 4)]
+    assert echo["vs_none_after_first_step"]["per_round"] == [pytest.approx(1.0),
+                                                             pytest.approx(4 / 3)]
+    # batch 1 (one prompt's prefill per step) and interleaved runs have no such ratio
+    assert offline.tokens_per_s_after_first_step({**rows[0], "batch_size": 1}) is None
+    assert offline.tokens_per_s_after_first_step({**rows[0], "first_step": None}) is None
+
+
 def test_rounds_must_be_positive() -> None:
     with pytest.raises(SystemExit):
         offline.parse_args(["--repeats", "0"])
