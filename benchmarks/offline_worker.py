@@ -91,7 +91,7 @@ def _delta(after: dict, before: dict) -> dict:
 def _plugin_stats(llm) -> dict | None:
     """The vllm-echo drafter's own counters, when the drafter is ours."""
     try:
-        from vllm_echo.plugin.proposer import worker_stats
+        from vllm_echo.plugin.proposers.logitspec import worker_stats
     except ImportError:
         return None
     try:

@@ -42,8 +42,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the proposer cla
 
 from bench_common import environment, write_json  # noqa: E402
 
-from vllm_echo.plugin.proposer import LogitSpecProposer, worker_stats  # noqa: E402
-from vllm_echo.plugin.tree_state import TreeDraft  # noqa: E402
+from vllm_echo.plugin.proposers.logitspec import LogitSpecProposer, worker_stats  # noqa: E402
+from vllm_echo.plugin.runner.tree_state import TreeDraft  # noqa: E402
 
 PATHS = {  # name: tree, tree_attention
     "chain": (False, None),

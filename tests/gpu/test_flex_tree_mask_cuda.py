@@ -9,7 +9,7 @@ import torch
 
 from test_flex_tree_mask import random_tree_rows  # tests/unit (tests/conftest.py)
 from vllm_echo.algos.tree import ancestor_mask
-from vllm_echo.plugin.flex_tree_attention import step_mask_tables, tree_mask_mod
+from vllm_echo.plugin.attention.flex_tree_attention import step_mask_tables, tree_mask_mod
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

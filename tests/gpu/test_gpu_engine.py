@@ -3,7 +3,7 @@
 
 Skipped without a CUDA device. With the default attention backend (or CUDA graphs)
 both methods run in chain mode (said once in the log); with FLEX_ATTENTION in eager
-mode trees are verified (vllm_echo/plugin/flex_tree_attention.py).
+mode trees are verified (vllm_echo/plugin/attention/flex_tree_attention.py).
 """
 
 import gc
@@ -19,7 +19,7 @@ def _generate(model, spec, with_stats=False, **engine_kwargs):
     from vllm import LLM, SamplingParams
 
     from vllm_echo import prompts
-    from vllm_echo.plugin.proposer import worker_stats
+    from vllm_echo.plugin.proposers.logitspec import worker_stats
 
     llm = LLM(model, speculative_config=spec, dtype="float32", max_model_len=2048,
               gpu_memory_utilization=0.3, seed=0, **engine_kwargs)
@@ -76,7 +76,7 @@ def test_ray_executor_greedy_identical():
                     reason="SmolLM2-135M's 9 attention heads split over 3 GPUs (not 2)")
 @pytest.mark.parametrize("spec", [{"method": "logitspec", "capacity": 32}, {"method": "echo"}])
 def test_cuda_trees_under_tensor_parallel(spec, monkeypatch):
-    """Every TP rank verifies rank 0's trees (vllm_echo/plugin/tp_drafts.py): FLEX_ATTENTION
+    """Every TP rank verifies rank 0's trees (vllm_echo/plugin/proposers/tp_drafts.py): FLEX_ATTENTION
     trees at TP=3 keep greedy text identical to no speculation on one GPU."""
     from vllm_echo.models import default_model_path
 

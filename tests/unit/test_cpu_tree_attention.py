@@ -14,8 +14,8 @@ from vllm import _custom_ops as ops
 from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
 from vllm_echo.algos.tree import ancestor_mask, causal_prefix_length, uncovered_paths
-from vllm_echo.plugin.cpu_tree_attention import PathWaves, compact_accepted_path
-from vllm_echo.plugin.tree_state import StepTrees, TreeDraft, tree_rows
+from vllm_echo.plugin.attention.cpu_tree_attention import PathWaves, compact_accepted_path
+from vllm_echo.plugin.runner.tree_state import StepTrees, TreeDraft, tree_rows
 
 HEADS, KV_HEADS, HEAD_SIZE, BLOCK_SIZE, NUM_BLOCKS = 4, 2, 64, 32, 24
 

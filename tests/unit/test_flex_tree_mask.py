@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from vllm_echo.algos.tree import ancestor_mask
-from vllm_echo.plugin import tree_state
-from vllm_echo.plugin.flex_tree_attention import step_mask_tables, tree_mask_mod
+from vllm_echo.plugin.runner import tree_state
+from vllm_echo.plugin.attention.flex_tree_attention import step_mask_tables, tree_mask_mod
 
 
 def random_tree_rows(rng, num_nodes, query_start, context_len):

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A greedy step verified without vLLM's rejection sampler (runner_hooks._greedy_verdicts)
+"""A greedy step verified without vLLM's rejection sampler (verdicts.greedy_verdicts)
 gets exactly that sampler's rows, ties included; a step whose rows vLLM would change
-before taking their argmax (_verdicts_are_row_argmaxes) is left to it. vLLM's own RejectionSampler, with the
+before taking their argmax (verdicts_are_row_argmaxes) is left to it. vLLM's own RejectionSampler, with the
 CPU platform's kernels, is the reference."""
 
 import dataclasses
@@ -20,7 +20,7 @@ from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 from vllm_echo.plugin.kernel_scan_guard import guard_llvmlite_lib
-from vllm_echo.plugin.runner_hooks import _greedy_verdicts, _verdicts_are_row_argmaxes
+from vllm_echo.plugin.runner.verdicts import greedy_verdicts, verdicts_are_row_argmaxes
 
 VOCAB = 64
 
@@ -96,9 +96,9 @@ def test_greedy_rows_are_the_rejection_samplers(samplers, dtype):
         batch = len(metadata.num_draft_tokens)
         sampling = _sampling_metadata(batch)
         runner = _runner(samplers, sampling, [SamplingParams(temperature=0)] * batch)
-        assert _verdicts_are_row_argmaxes(runner, metadata)
+        assert verdicts_are_row_argmaxes(runner, metadata)
         expected = samplers[1](metadata, None, logits.clone(), sampling).sampled_token_ids
-        got = _greedy_verdicts(logits, metadata, [])[0].sampled_token_ids
+        got = greedy_verdicts(logits, metadata, [])[0].sampled_token_ids
         assert got.dtype == expected.dtype
         assert torch.equal(got, expected), (metadata.num_draft_tokens, got, expected)
         accepted += int((got[:, 1:] != -1).sum())
@@ -115,7 +115,7 @@ def test_tree_requests_get_their_root_rows_argmax_and_chains_their_verdict(sampl
     runner = _runner(samplers, sampling, [SamplingParams(temperature=0)] * batch)
     expected = samplers[1](metadata, None, logits.clone(), sampling).sampled_token_ids
     trees = [0, 2]
-    got = _greedy_verdicts(logits, metadata, trees)[0].sampled_token_ids
+    got = greedy_verdicts(logits, metadata, trees)[0].sampled_token_ids
     for i in range(batch):
         if i in trees:
             root_row = int(metadata.bonus_logits_indices[i]) - metadata.num_draft_tokens[i]
@@ -151,7 +151,7 @@ def test_steps_whose_rows_vllm_would_process_are_left_to_it(samplers, sampling_c
     runner = _runner(samplers, _sampling_metadata(2, **sampling_change), params)
     runner.rejection_sampler = SimpleNamespace(synthetic_mode=synthetic)
     exact = not sampling_change and not params_change and not synthetic
-    assert _verdicts_are_row_argmaxes(runner, metadata) is exact
+    assert verdicts_are_row_argmaxes(runner, metadata) is exact
 
 
 def test_vllms_own_idle_processors_leave_the_verdicts_to_the_argmax(samplers):
@@ -164,4 +164,4 @@ def test_vllms_own_idle_processors_leave_the_verdicts_to_the_argmax(samplers):
                                    LogitBiasLogitsProcessor(config, device, False)])
     runner = _runner(samplers, _sampling_metadata(2, logitsprocs=processors),
                      [SamplingParams(temperature=0)] * 2)
-    assert _verdicts_are_row_argmaxes(runner, _spec_metadata([[1, 2], [3]]))
+    assert verdicts_are_row_argmaxes(runner, _spec_metadata([[1, 2], [3]]))

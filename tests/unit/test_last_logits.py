@@ -4,7 +4,7 @@
 import numpy as np
 import torch
 
-from vllm_echo.plugin.runner_hooks import LastLogitsTopK
+from vllm_echo.plugin.runner.last_logits import LastLogitsTopK
 
 
 def test_top_k_of_the_recorded_rows_on_first_read():

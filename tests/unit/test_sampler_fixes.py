@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from vllm_echo.plugin.sampler_fixes import expand_batch_to_tokens
+from vllm_echo.plugin.runner.sampler_fixes import expand_batch_to_tokens
 
 
 def test_expansion_follows_vllms_documented_example():
@@ -31,7 +31,7 @@ def test_top_k_on_a_step_without_draft_tokens():
     # come back unchanged, and non-empty rows are still filtered by vLLM's function.
     from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 
-    from vllm_echo.plugin.sampler_fixes import skipping_empty_rows
+    from vllm_echo.plugin.runner.sampler_fixes import skipping_empty_rows
 
     empty, no_k = torch.empty(0, 8), torch.empty(0, dtype=torch.int32)
     with pytest.raises(RuntimeError):

@@ -3,8 +3,8 @@
 
 import pytest
 
-from vllm_echo.plugin import runner_hooks
-from vllm_echo.plugin.runner_hooks import StepTimer
+from vllm_echo.plugin.runner import step_timer
+from vllm_echo.plugin.runner.step_timer import StepTimer
 
 
 class FakeClock:
@@ -18,7 +18,7 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch):
     fake = FakeClock()
-    monkeypatch.setattr(runner_hooks.time, "perf_counter", fake)
+    monkeypatch.setattr(step_timer.time, "perf_counter", fake)
     return fake
 
 

@@ -11,9 +11,12 @@ import torch
 
 from vllm.v1.outputs import SamplerOutput
 
-from vllm_echo.plugin.runner_hooks import LastLogitsTopK, install_sample_hook, runner_on_stack
-from vllm_echo.plugin.tree_runner import install_prepare_hook, verify_step_trees
-from vllm_echo.plugin.tree_state import (StepTrees, TreeContext, TreeDraft, attach_to_runner,
+from vllm_echo.plugin.runner.access import runner_on_stack
+from vllm_echo.plugin.runner.last_logits import LastLogitsTopK
+from vllm_echo.plugin.runner.sample_hook import install_sample_hook
+from vllm_echo.plugin.runner.prepare_hook import install_prepare_hook
+from vllm_echo.plugin.runner.verdicts import verify_step_trees
+from vllm_echo.plugin.runner.tree_state import (StepTrees, TreeContext, TreeDraft, attach_to_runner,
                                          context_of_runner, tree_rows)
 
 VOCAB = 32
@@ -190,7 +193,7 @@ def test_attention_metadata_finds_the_context_of_the_runner_building_it():
 
 
 def test_cpu_tree_attention_reads_the_step_of_its_own_engine():
-    cpu_tree_attention = pytest.importorskip("vllm_echo.plugin.cpu_tree_attention")
+    cpu_tree_attention = pytest.importorskip("vllm_echo.plugin.attention.cpu_tree_attention")
     impl_cls = cpu_tree_attention.TreeCPUAttentionImpl
     # impls are built by vLLM; only the context lookup is exercised here
     impl_a, impl_b, impl_other = (impl_cls.__new__(impl_cls) for _ in range(3))

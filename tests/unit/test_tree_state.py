@@ -4,7 +4,7 @@
 import numpy as np
 
 from vllm_echo.algos.tree import uncovered_paths
-from vllm_echo.plugin.tree_state import TreeDraft, tree_rows
+from vllm_echo.plugin.runner.tree_state import TreeDraft, tree_rows
 
 # root -> 10 -> 11 -> 12, and a sibling branch root -> 20 -> 21
 DRAFT = TreeDraft(np.array([10, 11, 12, 20, 21], dtype=np.int32),

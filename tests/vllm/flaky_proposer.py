@@ -6,7 +6,9 @@ through ``{"method": "custom_class", "model": "flaky_proposer.FlakyProposer"}``
 import itertools
 import time
 
-from vllm_echo.plugin import cpu_tree_attention, proposer, runner_hooks, tree_runner
+from vllm_echo.plugin.attention import cpu_tree_attention
+from vllm_echo.plugin.proposers import logitspec as proposer
+from vllm_echo.plugin.runner import access, verdicts
 
 
 def every_third(fn, fault):
@@ -48,7 +50,7 @@ class FlakyProposer(proposer.LogitSpecProposer):
         # This runs inside the worker: the module-level functions used there fail
         # on every third call, and every other KV compaction misses a layer.
         proposer.build_forest = every_third(proposer.build_forest, _raise)
-        tree_runner.verify_greedy = every_third(tree_runner.verify_greedy, _raise)
+        verdicts.verify_greedy = every_third(verdicts.verify_greedy, _raise)
         cpu_tree_attention.compact_accepted_path = dropping_a_layer_capture(
             cpu_tree_attention.compact_accepted_path)
 
@@ -68,7 +70,7 @@ class DriftedRunnerProposer(proposer.LogitSpecProposer):
     keyword-only parameter that has a default (the plugin must pass it through)."""
 
     def load_model(self, model):
-        runner = runner_hooks.find_runner()
+        runner = access.find_runner()
         prepare_inputs, sample = runner._prepare_inputs, runner._sample
 
         def _prepare_inputs(scheduler_output, num_tokens_per_request):

@@ -6,7 +6,7 @@ import pytest
 from engine_helpers import engine
 
 from vllm_echo.config import ADDITIONAL_CONFIG_KEY
-from vllm_echo.plugin.proposer import worker_stats
+from vllm_echo.plugin.proposers.logitspec import worker_stats
 
 MAX_TOKENS = 32
 

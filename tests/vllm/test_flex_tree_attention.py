@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The GPU tree path, run on the CPU: ``"tree_attention": "flex"`` puts vLLM's
-FLEX_ATTENTION backend under CPU_ATTN (vllm_echo/plugin/cpu_flex_attention.py), so
+FLEX_ATTENTION backend under CPU_ATTN (vllm_echo/plugin/attention/cpu_flex_attention.py), so
 the tree mask wrapper, its step tables and the slot compaction that CUDA users get
 (flex_tree_attention.py) verify real trees here (fp32, greedy).
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 from engine_helpers import REFERENCE_MAX_TOKENS, engine, spec_counters
 
-from vllm_echo.plugin.proposer import worker_stats
+from vllm_echo.plugin.proposers.logitspec import worker_stats
 
 BATCH1_PROMPTS = 12
 BATCH1_MAX_TOKENS = 32
@@ -79,7 +79,7 @@ def test_flex_tree_attention_greedy_identical_to_no_speculation(
 
 
 def test_torch_cache_write_matches_the_layout_flex_attention_reads():
-    from vllm_echo.plugin.cpu_flex_attention import write_kv_cache
+    from vllm_echo.plugin.attention.cpu_flex_attention import write_kv_cache
 
     num_blocks, heads, block_size, head_size = 3, 2, 16, 4
     stored = torch.zeros(num_blocks, block_size, heads, 2 * head_size)  # LBNHC in memory
@@ -99,7 +99,7 @@ def test_torch_cache_write_matches_the_layout_flex_attention_reads():
 def test_the_fixed_shape_block_mask_attends_like_the_original():
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-    from vllm_echo.plugin.cpu_flex_attention import fixed_shape_block_mask
+    from vllm_echo.plugin.attention.cpu_flex_attention import fixed_shape_block_mask
 
     block, num_blocks, q_len = 16, 6, 20
     torch.manual_seed(0)

@@ -5,7 +5,7 @@ judges a changed signature (no engine: signatures only)."""
 import functools
 import inspect
 
-from vllm_echo.plugin.runner_hooks import (PREPARE_PARAMS, SAMPLE_PARAMS, ArgumentReader,
+from vllm_echo.plugin.runner.access import (PREPARE_PARAMS, SAMPLE_PARAMS, ArgumentReader,
                                            signature_drift)
 
 

@@ -46,8 +46,8 @@ def test_method_becomes_custom_class_with_settings_in_additional_config(model_pa
                                       "max_ngram": 2, "span": 10})
     spec = cfg.speculative_config
     assert spec.method == "custom_class"
-    assert spec.model == {"logitspec": "vllm_echo.plugin.proposer.LogitSpecProposer",
-                          "echo": "vllm_echo.plugin.echo_proposer.EchoProposer"}[method]
+    assert spec.model == {"logitspec": "vllm_echo.plugin.proposers.logitspec.LogitSpecProposer",
+                          "echo": "vllm_echo.plugin.proposers.echo.EchoProposer"}[method]
     assert spec.num_speculative_tokens == 6
     ours = cfg.additional_config[ADDITIONAL_CONFIG_KEY]
     assert (ours["method"], ours["max_ngram"], ours["span"], ours["topk"]) == (method, 2, 10, 64)

@@ -4,7 +4,7 @@
 import numpy as np
 from engine_helpers import engine
 
-from vllm_echo.plugin.proposer import worker_stats
+from vllm_echo.plugin.proposers.logitspec import worker_stats
 
 
 def test_state_is_freed_across_300_requests(model_path):

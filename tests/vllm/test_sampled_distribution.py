@@ -5,7 +5,7 @@ A thousand seeded requests per case on one prompt whose continuations are uncert
 colours in random order, so each next colour has high entropy and a LogitSpec tree
 holds several likely colours as siblings. A request's first token comes from
 prefill, the next ones through verified drafts: recursive rejection over tree
-siblings against the processed target distribution (tree_runner._target_probs, the
+siblings against the processed target distribution (verdicts.target_probs, the
 per-request RNG), or vLLM's rejection sampler for ECHO's chains. The
 cases: temperature 1.0, and temperature with top-k and top-p.
 
@@ -29,7 +29,7 @@ import pytest
 import torch
 from engine_helpers import engine
 
-from vllm_echo.plugin.proposer import worker_stats
+from vllm_echo.plugin.proposers.logitspec import worker_stats
 
 NUM_PER_KIND = 1000
 MAX_TOKENS = 3

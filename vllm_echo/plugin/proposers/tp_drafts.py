@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_echo.plugin.tree_state import TreeContext, TreeDraft
+from vllm_echo.plugin.runner.tree_state import TreeContext, TreeDraft
 
 
 def tensor_parallel_group(vllm_config: Any) -> Any | None:

@@ -108,6 +108,16 @@ class TreeContext:
     # through, and never change).
     idle_mask_tables: Any = None
 
+    @property
+    def compacts_by_slot(self) -> bool:
+        """True when KV compaction copies by slot (FLEX_ATTENTION), not from captured K/V."""
+        return self.mode == "flex"
+
+    def kv_caches(self) -> list[Any]:
+        """Every tree-checked attention layer's KV cache tensor."""
+        return [layer.kv_cache[0] if isinstance(layer.kv_cache, list) else layer.kv_cache
+                for layer in self.attention_layers]
+
     def take_step(self) -> StepTrees | None:
         """The step in flight, which is then over (sampling consumes it once)."""
         step, self.step = self.step, None

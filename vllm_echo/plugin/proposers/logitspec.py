@@ -21,15 +21,17 @@ from vllm_echo.algos.forest import SOURCE_LOGITS, SOURCE_RETRIEVAL, build_forest
 from vllm_echo.algos.ngram_index import NgramIndex
 from vllm_echo.algos.verify import verify_greedy_chains
 from vllm_echo.config import DEFAULT_NUM_SPECULATIVE_TOKENS
-from vllm_echo.plugin import tree_support
+from vllm_echo.plugin.attention import tree_support
 from vllm_echo.plugin.config_shim import settings_from_vllm_config
-from vllm_echo.plugin.sampler_fixes import install_sampler_fixes
 from vllm_echo.plugin.metrics import publish_worker_stats
-from vllm_echo.plugin.runner_hooks import (LastLogitsTopK, find_runner, install_sample_hook,
-                                          probe_runner)
-from vllm_echo.plugin.tp_drafts import RankZeroDrafts, tensor_parallel_group
-from vllm_echo.plugin.tree_runner import install_prepare_hook, tree_unsafe_reason
-from vllm_echo.plugin.tree_state import TreeContext, TreeDraft
+from vllm_echo.plugin.proposers.tp_drafts import RankZeroDrafts, tensor_parallel_group
+from vllm_echo.plugin.runner.access import find_runner, probe_runner
+from vllm_echo.plugin.runner.last_logits import LastLogitsTopK
+from vllm_echo.plugin.runner.prepare_hook import install_prepare_hook
+from vllm_echo.plugin.runner.sample_hook import install_sample_hook
+from vllm_echo.plugin.runner.sampler_fixes import install_sampler_fixes
+from vllm_echo.plugin.runner.tree_state import TreeContext, TreeDraft
+from vllm_echo.plugin.runner.verdicts import tree_unsafe_reason
 
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
 
@@ -108,7 +110,7 @@ class LogitSpecProposer:
         self.tree_context = TreeContext()
         self.tree_enabled = self.settings.tree and tree_support.prepare(
             self.tree_context, vllm_config, self.settings.tree_attention)
-        self._timer: Any = None  # runner_hooks.StepTimer, for proposers that cost steps
+        self._timer: Any = None  # step_timer.StepTimer, for proposers that cost steps
         self._vllm_config = vllm_config
         self._rank_zero: RankZeroDrafts | None = None  # tensor parallel: rank 0 drafts
         self._publisher = publish_worker_stats(self, vllm_config)  # for the server's /metrics
@@ -129,7 +131,7 @@ class LogitSpecProposer:
             self._hook_unavailable("model runner", self._no_spec, "no speculation")
             return
         problems = probe_runner(self._runner,
-                                flex=tree_support.compacts_by_slot(self.tree_context))
+                                flex=self.tree_context.compacts_by_slot)
         if "runner state" in problems:
             self._no_spec = problems["runner state"]
             self._hook_unavailable("runner state", self._no_spec, "no speculation")

@@ -17,9 +17,9 @@ import numpy as np
 from vllm_echo.algos import echo
 from vllm_echo.algos.echo.planner import Candidates, EchoPlanner, Plan
 from vllm_echo.algos.forest import build_forest_nodes
-from vllm_echo.plugin.tree_state import TreeDraft
-from vllm_echo.plugin.proposer import LogitSpecProposer, StepDeadline
-from vllm_echo.plugin.runner_hooks import StepTimer
+from vllm_echo.plugin.proposers.logitspec import LogitSpecProposer, StepDeadline
+from vllm_echo.plugin.runner.step_timer import StepTimer
+from vllm_echo.plugin.runner.tree_state import TreeDraft
 
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
 

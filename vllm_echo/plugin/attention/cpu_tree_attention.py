@@ -23,7 +23,7 @@ from vllm import envs
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
 from vllm_echo.algos.tree import causal_prefix_length, uncovered_paths
-from vllm_echo.plugin import tree_state
+from vllm_echo.plugin.runner import tree_state
 
 
 class TreeCPUAttentionImpl(CPUAttentionBackendImpl):

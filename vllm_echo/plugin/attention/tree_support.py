@@ -3,8 +3,8 @@
 
 Trees need a per-request attention mask. Two backends provide one, chosen by the
 ``tree_attention`` setting: "native", on CPU only, our CPU_ATTN subclass
-(vllm_echo/plugin/cpu_tree_attention.py); "flex", vLLM's FLEX_ATTENTION with our mask
-ANDed in (vllm_echo/plugin/flex_tree_attention.py), on CUDA selected by the user with
+(attention/cpu_tree_attention.py); "flex", vLLM's FLEX_ATTENTION with our mask
+ANDed in (attention/flex_tree_attention.py), on CUDA selected by the user with
 ``--attention-backend FLEX_ATTENTION`` in eager mode, on CPU put in CPU_ATTN's place
 (cpu_flex_attention.py). Anything else — another GPU backend, CUDA graphs, a model
 feature the tree path does not implement, an unknown KV packing — keeps the proposer
@@ -17,13 +17,13 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from vllm_echo.plugin.tree_state import TreeContext
+from vllm_echo.plugin.runner.tree_state import TreeContext
 
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
 
 _CPU_BACKENDS = {
-    "native": "vllm_echo.plugin.cpu_tree_attention.TreeCPUAttentionBackend",
-    "flex": "vllm_echo.plugin.cpu_flex_attention.CPUFlexAttentionBackend",
+    "native": "vllm_echo.plugin.attention.cpu_tree_attention.TreeCPUAttentionBackend",
+    "flex": "vllm_echo.plugin.attention.cpu_flex_attention.CPUFlexAttentionBackend",
 }
 # Private attributes of vLLM's Attention layer that capture and compaction read.
 _LAYER_ATTRIBUTES = ("layer_name", "kv_cache", "_k_scale_float", "_v_scale_float")
@@ -56,7 +56,7 @@ def prepare(tree_context: TreeContext, vllm_config: Any, tree_attention: str | N
     if not on_cpu and not getattr(model_config, "enforce_eager", False):
         return _chain_mode("tree verification on CUDA runs in eager mode only "
                            "(enforce_eager=True / --enforce-eager)")
-    from vllm_echo.plugin.flex_tree_attention import install_flex_tree_mask
+    from vllm_echo.plugin.attention.flex_tree_attention import install_flex_tree_mask
 
     reason = install_flex_tree_mask()  # inert unless the layers are FLEX_ATTENTION
     if reason is not None:
@@ -105,17 +105,6 @@ def _forget_selected_backends() -> None:
         cached.cache_clear()
 
 
-def compacts_by_slot(tree_context: TreeContext) -> bool:
-    """True when KV compaction copies by slot (FLEX_ATTENTION), not from captured K/V."""
-    return tree_context.mode == "flex"
-
-
-def kv_caches(tree_context: TreeContext) -> list[Any]:
-    """Every tree-checked attention layer's KV cache tensor."""
-    return [layer.kv_cache[0] if isinstance(layer.kv_cache, list) else layer.kv_cache
-            for layer in tree_context.attention_layers]
-
-
 def check_model(tree_context: TreeContext, model: Any) -> bool:
     """Called from load_model: every decoder attention layer must be ours and use only
     what the torch tree path implements. On CPU each impl is then tied to the
@@ -130,7 +119,7 @@ def check_model(tree_context: TreeContext, model: Any) -> bool:
         impl = layer.impl
         if not isinstance(impl, tree_impl):
             hint = " (start vLLM with --attention-backend FLEX_ATTENTION)" \
-                if compacts_by_slot(tree_context) else ""
+                if tree_context.compacts_by_slot else ""
             return _chain_mode(f"attention impl {type(impl).__name__} is not tree-capable{hint}")
         if (getattr(impl, "sliding_window", None) not in (None, -1)
                 or getattr(impl, "alibi_slopes", None) is not None
@@ -143,18 +132,18 @@ def check_model(tree_context: TreeContext, model: Any) -> bool:
         if missing:
             return _chain_mode(f"attention layer has no {', '.join(missing)}")
     tree_context.attention_layers = layers
-    if not compacts_by_slot(tree_context):
+    if not tree_context.compacts_by_slot:
         for layer in layers:
             layer.impl.tree_context = tree_context
     return True
 
 
 def _tree_impl_class(tree_context: TreeContext) -> type:
-    if compacts_by_slot(tree_context):
+    if tree_context.compacts_by_slot:
         from vllm.v1.attention.backends.flex_attention import FlexAttentionImpl
 
         return FlexAttentionImpl
-    from vllm_echo.plugin.cpu_tree_attention import TreeCPUAttentionImpl
+    from vllm_echo.plugin.attention.cpu_tree_attention import TreeCPUAttentionImpl
 
     return TreeCPUAttentionImpl
 
@@ -162,8 +151,8 @@ def _tree_impl_class(tree_context: TreeContext) -> type:
 def compactor(tree_context: TreeContext) -> Callable:
     """The KV compaction for the engine's backend, looked up here (load_model), so a
     module function replaced before (tests/vllm/flaky_proposer.py) is the one used."""
-    if compacts_by_slot(tree_context):
-        from vllm_echo.plugin.flex_tree_attention import compact_accepted_path
+    if tree_context.compacts_by_slot:
+        from vllm_echo.plugin.attention.flex_tree_attention import compact_accepted_path
     else:
-        from vllm_echo.plugin.cpu_tree_attention import compact_accepted_path
+        from vllm_echo.plugin.attention.cpu_tree_attention import compact_accepted_path
     return compact_accepted_path

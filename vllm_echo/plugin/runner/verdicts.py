@@ -1,29 +1,23 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Model-runner side of tree verification: positions, acceptance, KV compaction.
+"""Verdicts on the step's drafts: the greedy shortcut past vLLM's rejection sampler,
+and tree verification with KV compaction.
 
-Installed on the runner instance that owns our proposer (see patches.py); the
-engine's state is the TreeContext attached to that runner (tree_state.py):
-- after ``_prepare_inputs``: find this step's tree requests, give their nodes
-  RoPE positions base + depth (slots stay linear, so vLLM's KV allocation is
-  untouched), and publish the step (``TreeContext.step``) to the attention layers;
-- inside ``_sample``: after vLLM's own sampling, replace each tree request's
-  row with the greedy tree verdict ``[path tokens..., bonus]`` and move the
-  accepted path's K/V to the consecutive slots vLLM assumes. This happens before
-  the next schedule() can hash the block for prefix caching.
+Inside ``_sample``, after vLLM's own sampling, each tree request's row is replaced
+with its tree verdict ``[path tokens..., bonus]`` and the accepted path's K/V are
+moved to the consecutive slots vLLM assumes, before the next schedule() can hash
+the block for prefix caching.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from vllm_echo.algos.verify import verify_greedy, verify_sampling
-from vllm_echo.plugin import tree_state, tree_support
-from vllm_echo.plugin.tree_state import StepTrees, TreeContext, TreeRows
+from vllm_echo.algos.verify import verify_greedy, verify_greedy_chains, verify_sampling
+from vllm_echo.plugin.runner.tree_state import StepTrees, TreeContext, TreeRows
 
 
 def tree_unsafe_reason(params: Any) -> str | None:
@@ -47,120 +41,76 @@ def tree_unsafe_reason(params: Any) -> str | None:
     if params.structured_outputs is not None:
         return "structured output"
     return None
+def no_drafts_in_step(metadata: Any, input_batch: Any) -> bool:
+    """True when the plain sampler gives exactly the rejection sampler's result: no
+    request has a draft token and no logprobs are requested (their layout differs)."""
+    sampling = input_batch.sampling_metadata
+    return (metadata.max_spec_len == 0 and sampling.max_num_logprobs is None
+            and not sampling.logprob_token_ids)
 
 
-def install_prepare_hook(runner: Any, tree_context: TreeContext,
-                         on_error: Callable[[str, BaseException], None],
-                         on_drift: Callable[[str, str], None], timer: Any = None) -> None:
-    """Wrap ``runner._prepare_inputs`` (instance attribute) and attach ``tree_context``
-    to the runner; ``timer`` (runner_hooks.StepTimer) starts timing decode steps here.
+def verdicts_are_row_argmaxes(runner: Any, metadata: Any) -> bool:
+    """True when the rejection sampler's result is fixed by each logits row's argmax:
+    every request greedy, no logprobs (their layout differs), no synthetic acceptance,
+    nothing that RejectionSampler.apply_logits_processors changes draft rows with
+    (penalties, allowed-token masks, bad words, min_tokens, a thinking budget), and
+    nothing that the sampler changes bonus rows with (those, logit_bias, a logits
+    processor that is not vLLM's own)."""
+    from vllm.v1.sample.logits_processor.builtin import (LogitBiasLogitsProcessor,
+                                                         MinTokensLogitsProcessor)
 
-    A call whose arguments cannot be found by name runs the original unchanged and
-    switches the hook off for good (``on_drift("_prepare_inputs", reason)``: chain
-    mode).
-    """
-    from vllm_echo.plugin.runner_hooks import PREPARE_PARAMS, ArgumentReader
-
-    tree_state.attach_to_runner(runner, tree_context)
-    if getattr(runner, "_vllm_echo_prepare_wrapped", False):
-        return
-    original = runner._prepare_inputs
-    read_arguments = ArgumentReader(inspect.signature(original), PREPARE_PARAMS)
-    active = [True]
-
-    def _prepare_inputs(*args, **kwargs):
-        result = original(*args, **kwargs)
-        # read per call: a later install attaches a new context without rewrapping
-        tree_context = tree_state.context_of_runner(runner)
-        tree_context.step = None
-        found = read_arguments(args, kwargs) if active[0] else None
-        if found is None:
-            if active[0]:
-                active[0] = False
-                on_drift("_prepare_inputs", f"a call without {PREPARE_PARAMS}")
-            if timer is not None:
-                timer.skip()
-            return result
-        scheduler_output, num_scheduled_tokens = found
-        try:
-            if tree_context.trees and scheduler_output.scheduled_spec_decode_tokens:
-                tree_context.step = _prepare_step(tree_context, runner, scheduler_output,
-                                                  on_error)
-        except Exception as exc:  # nothing written yet: vLLM's chain semantics hold
-            tree_context.step = None
-            on_error("tree step preparation", exc)
-        if timer is not None:
-            try:
-                _time_step(timer, scheduler_output, tree_context.step)
-            except Exception as exc:
-                on_error("step timing", exc)
-                timer.skip()
-        return result
-
-    runner._prepare_inputs = _prepare_inputs
-    runner._vllm_echo_prepare_wrapped = True
+    sampling = runner.input_batch.sampling_metadata
+    if not (sampling.all_greedy and sampling.max_num_logprobs is None
+            and not sampling.logprob_token_ids and sampling.no_penalties
+            and sampling.allowed_token_ids_mask is None and not sampling.bad_words_token_ids
+            and not getattr(getattr(runner, "rejection_sampler", None), "synthetic_mode", True)):
+        return False
+    thinking_budget = getattr(sampling, "thinking_budget_state_holder", None)
+    if thinking_budget is not None and thinking_budget.has_tracked_requests():
+        return False
+    if any(type(processor) not in (LogitBiasLogitsProcessor, MinTokensLogitsProcessor)
+           for processor in sampling.logitsprocs.non_argmax_invariant):
+        return False
+    requests = runner.requests
+    for req_id in runner.input_batch.req_ids[:len(metadata.num_draft_tokens)]:
+        params = requests[req_id].sampling_params
+        if params is None or params.min_tokens or params.logit_bias:
+            return False
+    return True
 
 
-def _time_step(timer: Any, scheduler_output: Any, step: StepTrees | None) -> None:
-    num_drafts = sum(map(len, scheduler_output.scheduled_spec_decode_tokens.values()))
-    total = scheduler_output.total_num_scheduled_tokens
-    # Only decode steps (each request runs its last token and its drafts) are
-    # timed: the model's N is what drafting adds to. Prefill steps (hundreds of
-    # tokens) would decide the fit and price a draft token at the prompt's rate,
-    # far below what a few drafts really add to a decode step.
-    if total == len(scheduler_output.num_scheduled_tokens) + num_drafts:
-        timer.started(int(total), len(step.trees) if step is not None else 0, num_drafts > 0)
-    else:
-        timer.skip()
+def greedy_verdicts(logits: Any, metadata: Any, tree_requests: list[int]) -> tuple[Any, Any]:
+    """The rejection sampler's result where verdicts_are_row_argmaxes, from one argmax
+    over every logits row (no row copied): chains keep their drafts up to the first
+    that differs from its row's argmax, then that argmax or, all kept, the bonus
+    row's (verify_greedy_chains); a tree request's row is its root row's argmax,
+    which its tree verdict replaces. Returns the output and the rows' argmaxes, which
+    tree verification reads too."""
+    from vllm.v1.outputs import SamplerOutput
+
+    argmaxes = row_argmax(logits)
+    num_drafts = np.asarray(metadata.num_draft_tokens, dtype=np.int64)
+    chain_drafts = num_drafts.copy()
+    chain_drafts[tree_requests] = 0
+    last_rows = metadata.bonus_logits_indices.cpu().numpy() - (num_drafts - chain_drafts)
+    draft_ids = metadata.draft_token_ids.cpu().numpy()
+    target_rows = metadata.target_logits_indices.cpu().numpy()
+    if tree_requests:
+        in_chain = np.repeat(chain_drafts > 0, num_drafts)
+        draft_ids, target_rows = draft_ids[in_chain], target_rows[in_chain]
+    rows = verify_greedy_chains(draft_ids, chain_drafts, argmaxes[target_rows],
+                                argmaxes[last_rows], metadata.max_spec_len + 1)
+    sampled = torch.from_numpy(rows).to(device=logits.device, dtype=torch.int32)
+    return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None), argmaxes
 
 
-def _prepare_step(tree_context: TreeContext, runner: Any, scheduler_output: Any,
-                  on_error: Callable[[str, BaseException], None]) -> StepTrees | None:
-    """Collect the step's trees (reads only), then write their RoPE positions. If a
-    write fails, positions may be half written: the step is marked failed, so its
-    tree requests accept no draft (the root row's position is the same either way)."""
-    step, positions = _collect_step(tree_context, runner, scheduler_output)
-    if step is None:
-        return None
-    try:
-        for tree, tree_positions in zip(step.trees, positions):
-            qs = tree.query_start
-            runner.positions[qs:qs + tree.num_rows] = tree_positions.to(runner.positions.device)
-    except Exception as exc:
-        on_error("tree positions", exc)
-        step.failed = True
-    return step
-
-
-def _collect_step(tree_context: TreeContext, runner: Any,
-                  scheduler_output: Any) -> tuple[StepTrees | None, list]:
-    batch = runner.input_batch
-    query_start = runner.query_start_loc.np
-    device = runner.positions.device
-    trees, all_rows, positions = [], [], []
-    for req_id, scheduled in scheduler_output.scheduled_spec_decode_tokens.items():
-        draft = tree_context.trees.get(req_id)
-        if draft is None:
-            continue
-        i = batch.req_id_to_index[req_id]
-        rows = tree_state.tree_rows(req_id, i, int(query_start[i]),
-                                    int(batch.num_computed_tokens_cpu[i]), draft, scheduled)
-        if rows is None:
-            continue
-        positions.append(torch.from_numpy(tree_state.positions_of(rows)))
-        trees.append(rows)
-        all_rows.append(np.arange(rows.query_start, rows.query_start + rows.num_rows))
-    if not trees:
-        return None, []
-    rows = torch.from_numpy(np.concatenate(all_rows)).to(device)
-    step = StepTrees(trees, rows)
-    if tree_support.compacts_by_slot(tree_context):  # slot mapping is computed in the original
-        step.slots = batch.block_table[0].slot_mapping.gpu[rows]
-        step.kv_caches = tree_support.kv_caches(tree_context)
-    else:
-        step.attention_layers = tree_context.attention_layers
-    return step, positions
-
+def sample_bonus_rows(runner: Any, logits: Any, metadata: Any) -> Any:
+    """A step without drafts (no_drafts_in_step): the rejection sampler's result is
+    its sample of the bonus rows, taken by the same call minus the full-vocabulary
+    logprobs it would compute and discard (rejection_sampler.py:141-160)."""
+    return runner.sampler(logits=logits[metadata.bonus_logits_indices],
+                          sampling_metadata=runner.input_batch.sampling_metadata,
+                          predict_bonus_token=True)
 
 def row_argmax(rows: torch.Tensor) -> np.ndarray:
     """Each logits row's argmax (the first one on ties), in fp32: on CPU an argmax over
@@ -181,7 +131,7 @@ def _cpu_greedy_argmax() -> Callable | None:
         return None
 
 
-def _target_probs(rows: torch.Tensor, sampling: Any, req_idx: int) -> np.ndarray:
+def target_probs(rows: torch.Tensor, sampling: Any, req_idx: int) -> np.ndarray:
     """The distribution vLLM samples request ``req_idx`` from, for each logits row:
     temperature, then top-k / top-p (penalties and min_p keep a request off trees)."""
     from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
@@ -195,7 +145,7 @@ def _target_probs(rows: torch.Tensor, sampling: Any, req_idx: int) -> np.ndarray
     return torch.softmax(x, dim=-1).double().cpu().numpy()
 
 
-def _request_rng(sampling: Any, req_idx: int) -> np.random.Generator:
+def request_rng(sampling: Any, req_idx: int) -> np.random.Generator:
     """Seeded requests stay reproducible: draw from the request's own generator."""
     generator = sampling.generators.get(req_idx)
     seed = torch.randint(0, 2**62, (1,), generator=generator).item()
@@ -244,7 +194,7 @@ def verify_step_trees(tree_context: TreeContext, logits: torch.Tensor, metadata:
     last_rows: dict[int, int] = {}
     if step is None:
         return last_rows
-    if tree_support.compacts_by_slot(tree_context) and step.mask_tables is None:
+    if tree_context.compacts_by_slot and step.mask_tables is None:
         step.failed = True  # no attention metadata of the step got the tree mask
     offset = 0
     for tree in step.trees:
@@ -281,9 +231,9 @@ def _verify_tree(tree_context: TreeContext, tree: TreeRows, offset: int, step: S
     if greedy:
         path, next_token = verify_greedy(tree.token_ids, tree.parents, argmax)
     else:
-        probs = _target_probs(logits[start:start + n + 1], sampling, tree.req_idx)
+        probs = target_probs(logits[start:start + n + 1], sampling, tree.req_idx)
         path, next_token = verify_sampling(tree.token_ids, tree.parents, probs,
-                                           _request_rng(sampling, tree.req_idx))
+                                           request_rng(sampling, tree.req_idx))
     try:
         compact(tree, offset, path, step)
     except Exception as exc:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from vllm_echo.ops.tree_mask import BITS_PER_WORD, build_tree_mask, num_mask_words
-from vllm_echo.plugin import tree_state
+from vllm_echo.plugin.runner import tree_state
 
 _NO_TREE = torch.iinfo(torch.int64).max // 2
 _MARK = "_vllm_echo_tree_mask"
@@ -111,7 +111,7 @@ def install_flex_tree_mask() -> str | None:
     if getattr(original, _MARK, False):
         return None
 
-    from vllm_echo.plugin.runner_hooks import runner_on_stack
+    from vllm_echo.plugin.runner.access import runner_on_stack
 
     def get_mask_mod(self, *args, **kwargs):
         mask_mod = original(self, *args, **kwargs)
