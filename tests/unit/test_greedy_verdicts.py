@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A greedy step verified without vLLM's rejection sampler (verdicts.greedy_verdicts)
+"""A greedy step verified without vLLM's rejection sampler (greedy_shortcut.greedy_verdicts)
 gets exactly that sampler's rows, ties included; a step whose rows vLLM would change
 before taking their argmax (verdicts_are_row_argmaxes) is left to it. vLLM's own RejectionSampler, with the
 CPU platform's kernels, is the reference."""
@@ -20,7 +20,7 @@ from vllm.v1.sample.sampler import Sampler
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 
 from vllm_echo.plugin.kernel_scan_guard import guard_llvmlite_lib
-from vllm_echo.plugin.runner.verdicts import greedy_verdicts, verdicts_are_row_argmaxes
+from vllm_echo.plugin.runner.greedy_shortcut import greedy_verdicts, verdicts_are_row_argmaxes
 
 VOCAB = 64
 

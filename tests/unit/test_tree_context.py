@@ -11,11 +11,10 @@ import torch
 
 from vllm.v1.outputs import SamplerOutput
 
-from vllm_echo.plugin.runner.access import runner_on_stack
 from vllm_echo.plugin.runner.last_logits import LastLogitsTopK
 from vllm_echo.plugin.runner.sample_hook import install_sample_hook
 from vllm_echo.plugin.runner.prepare_hook import install_prepare_hook
-from vllm_echo.plugin.runner.verdicts import verify_step_trees
+from vllm_echo.plugin.runner.tree_verdicts import finish_tree_step
 from vllm_echo.plugin.runner.tree_state import (StepTrees, TreeContext, TreeDraft, attach_to_runner,
                                          context_of_runner, tree_rows)
 
@@ -56,6 +55,11 @@ class StandInRunner:
         sampled = torch.full((1, 4), -1, dtype=torch.int32)
         sampled[0, 0] = int(logits[0].argmax())
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None)
+
+
+def _counts(context: TreeContext) -> dict[str, int]:
+    return {k: context.counters[k]
+            for k in ("tree_verifications", "tree_compactions", "greedy_verified_steps")}
 
 
 def _hooked(req_id: str, tree_context: TreeContext, compactions: list) -> StandInRunner:
@@ -118,9 +122,9 @@ def test_two_engines_keep_their_own_trees_steps_verdicts_and_counters():
     # A: the root's argmax is the second branch (node 2), whose row gives the bonus
     assert _sample(runner_a, [20, 0, 0, 7]) == [20, 7, -1, -1]
     assert context_a.step is None and context_b.step is not None
-    assert context_a.counters == {"tree_verifications": 1, "tree_compactions": 1,
+    assert _counts(context_a) == {"tree_verifications": 1, "tree_compactions": 1,
                                   "greedy_verified_steps": 1}
-    assert context_b.counters == {"tree_verifications": 0, "tree_compactions": 0,
+    assert _counts(context_b) == {"tree_verifications": 0, "tree_compactions": 0,
                                   "greedy_verified_steps": 0}
     assert context_a.last_paths == {"a": [2]}
     assert runner_a.rejection_sampler_calls == 0  # a step of greedy trees only
@@ -128,9 +132,9 @@ def test_two_engines_keep_their_own_trees_steps_verdicts_and_counters():
     # B: the first branch, already in place
     assert _sample(runner_b, [30, 31, 9, 0]) == [30, 31, 9, -1]
     assert context_b.step is None
-    assert context_b.counters == {"tree_verifications": 1, "tree_compactions": 0,
+    assert _counts(context_b) == {"tree_verifications": 1, "tree_compactions": 0,
                                   "greedy_verified_steps": 1}
-    assert context_a.counters == {"tree_verifications": 1, "tree_compactions": 1,
+    assert _counts(context_a) == {"tree_verifications": 1, "tree_compactions": 1,
                                   "greedy_verified_steps": 1}
     assert context_b.last_paths == {}  # B's proposer asked for no verdicts
     assert compactions == [("a", [2]), ("b", [0, 1])]  # each step compacts its own tree
@@ -148,7 +152,7 @@ def test_a_context_without_trees_leaves_the_step_empty():
     runner.input_batch.sampling_metadata.no_penalties = False  # vLLM's own verdict then
     assert _sample(runner, [20, 0, 0, 7]) == [20, -1, -1, -1]
     assert runner.rejection_sampler_calls == 1
-    assert context.counters == {"tree_verifications": 0, "tree_compactions": 0,
+    assert _counts(context) == {"tree_verifications": 0, "tree_compactions": 0,
                                 "greedy_verified_steps": 2}
 
 
@@ -160,36 +164,37 @@ def test_a_flex_step_whose_mask_was_never_built_accepts_no_draft():
     sampled = torch.tensor([[10, 11, 3, -1]])  # vLLM's chain verdict over causal rows
     errors = []
     metadata = SimpleNamespace(num_draft_tokens=[3], bonus_logits_indices=torch.tensor([3]))
-    verify_step_trees(context, _logits([10, 11, 3, 0]), metadata, sampled,
-                      lambda *args: None, lambda where, exc: errors.append(where),
-                      SimpleNamespace(all_greedy=True))
+    finish_tree_step(context, _logits([10, 11, 3, 0]), metadata, sampled, ["a"],
+                     lambda *args: None, lambda where, exc: errors.append(where),
+                     SimpleNamespace(all_greedy=True))
     assert sampled[0].tolist() == [10, -1, -1, -1]  # only the root's sample stands
-    assert errors == ["tree verification"]
+    assert errors == ["tree step"]
     assert context.counters["tree_verifications"] == 0
 
 
-def test_attention_metadata_finds_the_context_of_the_runner_building_it():
-    """FLEX_ATTENTION's mask hook has no reference to its engine: it takes the step
-    from the runner up the call stack."""
-    gpu_model_runner = pytest.importorskip("vllm.v1.worker.gpu_model_runner")
+def test_attention_metadata_finds_the_context_of_the_engine_whose_builders_made_it():
+    """FLEX_ATTENTION's mask hook has no reference to its engine: the metadata holds its
+    builder's persistent_doc_ids, which attach_to_builders maps to the engine's context."""
+    flex_attention = pytest.importorskip("vllm.v1.attention.backends.flex_attention")
+    from vllm_echo.plugin.attention.flex_tree_attention import _context_of, attach_to_builders
 
-    def build_metadata():  # stands for the frames between the runner and get_mask_mod
-        return context_of_runner(runner_on_stack())
+    def runner_with_builder():
+        builder = flex_attention.FlexAttentionMetadataBuilder.__new__(
+            flex_attention.FlexAttentionMetadataBuilder)  # no vLLM state: the buffer only
+        builder.persistent_doc_ids = torch.zeros(8, dtype=torch.int32)
+        group = SimpleNamespace(metadata_builders=[builder])
+        return SimpleNamespace(attn_groups=[[group]]), builder
 
-    class Runner(gpu_model_runner.GPUModelRunner):
-        def __init__(self):  # no vLLM state: only the stack walk is exercised
-            pass
-
-        def execute_model(self):
-            return build_metadata()
-
+    (runner_a, builder_a), (runner_b, builder_b) = runner_with_builder(), runner_with_builder()
     context_a, context_b = TreeContext(), TreeContext()
-    runner_a, runner_b = Runner(), Runner()
-    attach_to_runner(runner_a, context_a)
-    attach_to_runner(runner_b, context_b)
-    assert runner_a.execute_model() is context_a
-    assert runner_b.execute_model() is context_b
-    assert build_metadata() is None  # no runner on the stack
+    assert attach_to_builders(runner_a, context_a) is None
+    assert attach_to_builders(runner_b, context_b) is None
+    metadata = lambda builder: SimpleNamespace(persistent_doc_ids=builder.persistent_doc_ids)
+    assert _context_of(metadata(builder_a)) is context_a
+    assert _context_of(metadata(builder_b)) is context_b
+    other = SimpleNamespace(persistent_doc_ids=torch.zeros(8, dtype=torch.int32))
+    assert _context_of(other) is None  # another engine's metadata: vLLM's mask only
+    assert attach_to_builders(SimpleNamespace(attn_groups=[]), context_a) is not None
 
 
 def test_cpu_tree_attention_reads_the_step_of_its_own_engine():

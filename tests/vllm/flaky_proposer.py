@@ -6,9 +6,9 @@ through ``{"method": "custom_class", "model": "flaky_proposer.FlakyProposer"}``
 import itertools
 import time
 
-from vllm_echo.plugin.attention import cpu_tree_attention
+from vllm_echo.plugin.attention import cpu_tree_attention, flex_tree_attention
 from vllm_echo.plugin.proposers import logitspec as proposer
-from vllm_echo.plugin.runner import access, verdicts
+from vllm_echo.plugin.runner import access, tree_verdicts
 
 
 def every_third(fn, fault):
@@ -50,7 +50,7 @@ class FlakyProposer(proposer.LogitSpecProposer):
         # This runs inside the worker: the module-level functions used there fail
         # on every third call, and every other KV compaction misses a layer.
         proposer.build_forest = every_third(proposer.build_forest, _raise)
-        verdicts.verify_greedy = every_third(verdicts.verify_greedy, _raise)
+        tree_verdicts.verify_greedy = every_third(tree_verdicts.verify_greedy, _raise)
         cpu_tree_attention.compact_accepted_path = dropping_a_layer_capture(
             cpu_tree_attention.compact_accepted_path)
 
@@ -82,3 +82,61 @@ class DriftedRunnerProposer(proposer.LogitSpecProposer):
 
         runner._prepare_inputs, runner._sample = _prepare_inputs, _sample
         super().load_model(model)
+
+
+def _flex_faults():
+    """FLEX_ATTENTION's tree path, in this process: every third mask build finds no
+    tables (the step's mask is never built: its trees must accept no draft), every
+    third one after that fails building them, and every other slot compaction fails."""
+    context_of, tables = flex_tree_attention._context_of, flex_tree_attention.step_mask_tables
+    calls = itertools.count()
+
+    def context_sometimes_lost(metadata):
+        return None if next(calls) % 3 == 1 else context_of(metadata)
+
+    flex_tree_attention._context_of = context_sometimes_lost
+    flex_tree_attention.step_mask_tables = every_third(tables, _raise)
+    compact, compactions = flex_tree_attention.compact_accepted_path, itertools.count()
+
+    def compact_sometimes_failing(tree, row_offset, path, step):
+        moves = any(j != k for k, j in enumerate(path))
+        if moves and next(compactions) % 2 == 0:
+            raise RuntimeError("injected slot compaction fault")
+        return compact(tree, row_offset, path, step)
+
+    flex_tree_attention.compact_accepted_path = compact_sometimes_failing
+
+
+class FlexFaultsProposer(proposer.LogitSpecProposer):
+    """FLEX_ATTENTION trees with missing mask tables, failing mask builds and failing
+    slot compactions (_flex_faults)."""
+
+    def __init__(self, vllm_config):
+        _flex_faults()
+        super().__init__(vllm_config)
+
+
+class OneRankFlexFaultsProposer(proposer.LogitSpecProposer):
+    """Under tensor parallel, the FLEX faults of _flex_faults on rank 1 only: the other
+    ranks' masks and compactions all succeed."""
+
+    def __init__(self, vllm_config):
+        from vllm.distributed.parallel_state import get_tp_group
+
+        if get_tp_group().rank_in_group == 1:
+            _flex_faults()
+        super().__init__(vllm_config)
+
+
+class BrokenRegistryProposer(proposer.LogitSpecProposer):
+    """A vLLM whose attention backend registry rejects the override (its API changed):
+    the engine must run in chain mode."""
+
+    def __init__(self, vllm_config):
+        from vllm.v1.attention.backends import registry
+
+        def register_backend(*args, **kwargs):
+            raise TypeError("register_backend() got an unexpected keyword argument")
+
+        registry.register_backend = register_backend
+        super().__init__(vllm_config)

@@ -27,12 +27,13 @@ def reference(greedy_reference):
     return [tokens[:MAX_TOKENS] for tokens in greedy_reference[:4]]
 
 
-def _run(model_path, spec_bench_16, proposer_class, capacity, max_tokens=MAX_TOKENS):
+def _run(model_path, spec_bench_16, proposer_class, capacity, max_tokens=MAX_TOKENS,
+         tree_attention="native"):
     """Outputs with ``flaky_proposer.<proposer_class>`` and its stats."""
     spec = {"method": "custom_class", "model": f"flaky_proposer.{proposer_class}",
             "num_speculative_tokens": capacity - 1}
     settings = {"method": "logitspec", "capacity": capacity,
-                "num_speculative_tokens": capacity - 1}
+                "num_speculative_tokens": capacity - 1, "tree_attention": tree_attention}
     with engine(model_path, spec, additional_config={ADDITIONAL_CONFIG_KEY: settings}) as llm:
         got = _generate(llm, _chats(spec_bench_16), max_tokens)
         stats = [s for s in llm.collective_rpc(worker_stats) if s][0]
@@ -69,4 +70,29 @@ def test_changed_runner_signatures_degrade_to_chains(model_path, spec_bench_16, 
     hooks = {k: v for k, v in stats["failures"].items() if k.startswith("hook ")}
     assert hooks == {"hook _prepare_inputs:unavailable": 1}, stats["failures"]
     assert stats["drafts_tree"] == 0 and stats["tree_verifications"] == 0, stats
+    assert stats["accepted_retrieval"] + stats["accepted_logits"] > 0, stats
+
+
+def test_flex_missing_masks_and_failing_slot_compactions_keep_outputs(
+        model_path, spec_bench_16, reference):
+    """FLEX_ATTENTION trees: a step whose mask was never built, or whose tables failed
+    to build, accepts no draft; a failed slot compaction keeps the nodes in place."""
+    got, stats = _run(model_path, spec_bench_16, "FlexFaultsProposer", capacity=16,
+                      tree_attention="flex")
+    assert got == reference
+    failures = stats["failures"]
+    assert failures.get("tree step:RuntimeError", 0) > 1, failures
+    assert failures.get("KV compaction:RuntimeError", 0) > 0, failures
+    assert stats["tree_steps_failed"] > 1 and stats["tree_paths_cut"] > 0, stats
+    assert stats["accepted_tree"] > 0  # the steps between faults still speculated
+
+
+def test_a_registry_that_refuses_the_backend_override_runs_chains(
+        model_path, spec_bench_16, reference):
+    """A failing attention-registry call puts the engine in chain mode (one log line),
+    and CPU_ATTN stays vLLM's."""
+    got, stats = _run(model_path, spec_bench_16, "BrokenRegistryProposer", capacity=16,
+                      max_tokens=16)
+    assert got == [tokens[:16] for tokens in reference]
+    assert stats["tree_enabled"] is False and stats["tree_verifications"] == 0, stats
     assert stats["accepted_retrieval"] + stats["accepted_logits"] > 0, stats

@@ -13,6 +13,7 @@ import pytest
 from engine_helpers import engine
 
 from vllm_echo import prompts
+from vllm_echo.config import ADDITIONAL_CONFIG_KEY
 from vllm_echo.plugin.proposers.logitspec import worker_stats
 
 MAX_TOKENS = 48
@@ -62,3 +63,30 @@ def test_trees_under_tensor_parallel_are_greedy_identical(model_path, chats, ref
     verified = {s["tree_verifications"] for s in stats}
     assert len(verified) == 1 and verified.pop() > 0, stats
     assert len({s["tree_compactions"] for s in stats}) == 1, stats
+
+
+def test_a_failure_on_one_rank_is_every_ranks_fallback(model_path, chats, reference,
+                                                       three_ranks):
+    """FLEX_ATTENTION trees at TP=3, with mask-table and slot-compaction faults on
+    rank 1 only (flaky_proposer.OneRankFlexFaultsProposer): the ranks agree on each
+    step's outcome, so every rank takes rank 1's fallback, counts it, and the output
+    stays no-spec's."""
+    capacity = 16
+    spec = {"method": "custom_class", "model": "flaky_proposer.OneRankFlexFaultsProposer",
+            "num_speculative_tokens": capacity - 1}
+    settings = {"method": "logitspec", "capacity": capacity, "tree_attention": "flex",
+                "num_speculative_tokens": capacity - 1}
+    with engine(model_path, spec, additional_config={ADDITIONAL_CONFIG_KEY: settings},
+                **three_ranks) as llm:
+        got = _one_at_a_time(llm, chats)
+        stats = [s for s in llm.collective_rpc(worker_stats) if s]
+    mismatched = [i for i, (a, b) in enumerate(zip(got, reference)) if a != b]
+    assert not mismatched, f"TP=3 outputs differ from no-spec TP=1 for prompts {mismatched}"
+    assert len(stats) == 3, stats
+    for counter in ("tree_steps_failed", "tree_paths_cut", "tree_verifications"):
+        counts = {s[counter] for s in stats}
+        assert len(counts) == 1 and counts.pop() > 0, (counter, stats)
+    # only rank 1 failed; ranks 0 and 2 took its outcomes
+    assert stats[1]["failures"].get("KV compaction:RuntimeError", 0) > 0, stats[1]
+    assert not any(k.startswith("KV compaction") for k in stats[0]["failures"]), stats[0]
+    assert stats[0]["tree_outcomes_from_other_ranks"] > 0, stats[0]

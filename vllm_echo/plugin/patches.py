@@ -10,7 +10,8 @@ and the attributes it sets on vLLM objects, are listed after the patches.
 Drift (a later vLLM whose internals differ) degrades, it never crashes: the
 proposer's ``load_model`` probes every runner hook point's signature and the
 attributes its hook reads (runner/access.probe_runner; for trees also
-tree_support.check_model and flex_tree_attention.install_flex_tree_mask) and
+attention/tree_support.check_model, flex_tree_attention.install_flex_tree_mask and
+flex_tree_attention.attach_to_builders) and
 leaves out what does not match, with one log line (for the runner hooks also a
 counted failure ``hook <name>:unavailable`` in the proposer's stats); the wrappers
 pass ``*args, **kwargs`` through, find their arguments by name, and switch
@@ -30,10 +31,13 @@ themselves off (same log line and counter) on a call they do not understand.
       settings (an open ``method`` plus a plugin-owned config section).
 
 2. ``runner._sample`` (instance attribute of the runner that owns our proposer)
-   What: after the original sampling, (tree mode) replace each tree request's row
-      with the greedy tree verdict and compact its KV (runner/verdicts.verify_step_trees),
-      then record the raw logits row that produced each request's last token, for
-      its top-k (runner/sample_hook.install_sample_hook). A step in which no request has a
+   What: after the original sampling, (tree mode) the tree stage
+      (runner/tree_verdicts.finish_tree_step): each tree request's verdict, its KV
+      compaction, under tensor parallel one agreement of the ranks' outcomes (an
+      all-reduce MIN of an int32 per tree request over the TP group's CPU group,
+      proposers/tp_drafts.RankZeroDrafts.agree), then its row; then record the raw
+      logits row that produced each request's last token, for its top-k
+      (runner/sample_hook.install_sample_hook). A step in which no request has a
       draft token (and no logprobs are asked for) skips the rejection sampler for
       the same bonus-sampling call it would make, minus the full-vocabulary logprobs
       it would compute and discard. A greedy step whose result is fixed by its logits
@@ -63,7 +67,8 @@ themselves off (same log line and counter) on a call they do not understand.
    What: after the original, overwrite ``runner.positions`` of tree nodes with
       base + depth and publish the step's tree rows (``step`` of the engine's
       TreeContext, attached to the runner with the hooks: see the attributes set
-      on vLLM objects below).
+      on vLLM objects below). Before the first step, with FLEX_ATTENTION trees, it
+      ties this runner's metadata builders to the context (entry 8).
    Why: RoPE must see a node's depth, not its flat index. Slot mapping is
       computed from positions inside the original, so slots stay linear and the
       scheduler's KV allocation is untouched.
@@ -78,8 +83,9 @@ themselves off (same log line and counter) on a call they do not understand.
       native tree verification as entry 2).
 
 4. ``AttentionBackendEnum.CPU_ATTN`` -> ``TreeCPUAttentionBackend`` or
-   ``CPUFlexAttentionBackend`` (registry override; tree mode on CPU only, registered
-   from the proposer's __init__ in the worker, put back in its ``load_model``)
+   ``CPUFlexAttentionBackend`` (registry override; tree mode on CPU only), and
+   ``runner.load_model`` (instance attribute of the runner that creates our proposer,
+   wrapped from the proposer's __init__) to scope it
    What: ``"tree_attention": "native"``: a subclass of the CPU backend whose impl runs
       the native kernel once as vLLM does (the rows of tree requests that causal
       attention gets wrong split off as sequences of their own, left for later), then
@@ -92,10 +98,13 @@ themselves off (same log line and counter) on a call they do not understand.
       cache write where ``reshape_and_cache_flash`` is missing (the CPU wheel), and
       block masks padded to one shape: the whole cache's blocks by the most query
       tiles, with empty "full block" tables. The tree mask is entry 8's.
-      The override lasts while the engine builds its model: ``load_model`` restores
-      what CPU_ATTN loaded before and clears vLLM's per-process backend cache
+      The override lasts exactly while the runner's ``load_model`` runs: the wrapper
+      registers it first, and our proposer's ``load_model`` (or, if the model fails to
+      build, the wrapper's ``finally``) restores what CPU_ATTN loaded before and clears
+      vLLM's per-process backend cache
       (``vllm.v1.attention.selector._cached_get_attn_backend.cache_clear``), so an
-      engine built later in the same process gets its own choice.
+      engine built later in the same process, or after a failed start, gets its own
+      choice.
    Why: the CPU kernel has no mask input; only overriding CPU_ATTN itself is
       honoured on CPU (platforms/cpu.py:177-179). Inductor's CPU FlexAttention
       lowering asserts KV length <= block-table width x block size
@@ -108,7 +117,10 @@ themselves off (same log line and counter) on a call they do not understand.
       scheduler metadata a native call needs), flex_attention.py:676-806
       (_build_block_mask_direct), :1225-1243 (do_kv_cache_update),
       v1/attention/selector.py:203 (the cache).
-   Drift: a failed call marks the step failed and runs vLLM's own call (every row
+   Drift: a registry call that fails (its API changed) leaves CPU_ATTN as it is:
+      chain mode, one log line; a failed restore is logged. A runner without
+      ``load_model`` keeps the engine in chain mode. At run time a failed call
+      marks the step failed and runs vLLM's own call (every row
       causal; its trees accept no draft; the root row's K/V is never rewritten, the
       others are written back even then); metadata that is not plain causal fails the
       same way. Compaction checks that every attention layer's K/V was kept, and
@@ -171,17 +183,18 @@ themselves off (same log line and counter) on a call they do not understand.
 
 8. ``FlexAttentionMetadata.get_mask_mod`` (class attribute, wrapped; "flex" tree mode,
    CUDA or CPU, installed from the proposer's __init__ via tree_support.prepare)
-   What: under a runner whose engine runs flex trees, AND a tree mask into the mask
-      vLLM composes: a tree row sees its request's prefix, root, ancestors and
-      itself (vllm_echo.plugin.attention.flex_tree_attention); steps without trees get the
-      same mask with tables that let every row through, so compiled FlexAttention
-      sees one mask function. The tables have one shape (the metadata's
-      ``persistent_doc_ids`` length by 5 words). Metadata of other engines is
-      unchanged. The patch is
-      process-wide and the metadata has no reference to its engine, so the step is
-      read from the TreeContext of the runner building the metadata, found up the
-      call stack (runner/access.runner_on_stack, as in entry 9); metadata built under
-      another engine's runner is left unchanged.
+   What: for metadata of an engine that runs flex trees, AND a tree mask into the
+      mask vLLM composes: a tree row sees its request's prefix, root, ancestors and
+      itself (vllm_echo.plugin.attention.flex_tree_attention); steps without trees
+      get the same mask with tables that let every row through, so compiled
+      FlexAttention sees one mask function. The tables have one shape (the
+      metadata's ``persistent_doc_ids`` length by 5 words). The patch is
+      process-wide and the metadata has no reference to its engine, but it holds its
+      builder's persistent ``persistent_doc_ids`` buffer: before the runner's first
+      step (entry 3) ``attach_to_builders`` maps each of this runner's
+      FlexAttentionMetadataBuilders' buffer (``runner.attn_groups[*][*]
+      .metadata_builders``) to the engine's TreeContext. Metadata of other engines
+      finds no context and is left unchanged. No call stack is read.
    Why: FLEX_ATTENTION takes a mask_mod but has no per-request spec-decode mask;
       this method is the single point every block-mask build goes through.
    Upstream: vllm/v1/attention/backends/flex_attention.py:615-636 (get_mask_mod),
@@ -191,20 +204,26 @@ themselves off (same log line and counter) on a call they do not understand.
       ``get_mask_mod`` or ``_convert_physical_to_logical``; passes ``*args, **kwargs``
       through; a failure building the tree mask keeps vLLM's mask and marks the
       step failed (its trees accept no draft), and so does a tree step whose mask
-      was never built (no runner found on the stack; runner/verdicts.verify_step_trees).
+      was never built (runner/tree_verdicts.finish_tree_step). A runner without
+      FLEX_ATTENTION builders or builders without ``persistent_doc_ids`` put the
+      engine in chain mode before its first step, with one log line and the counted
+      failure ``hook FLEX_ATTENTION metadata:unavailable``.
    Remove when: FlexAttention metadata takes an extra per-request mask_mod (a
       spec-decode tree mask).
 
 9. ``find_runner`` frame walking (runner/access.py; reads, patches nothing)
-   What: from the proposer's ``load_model``, walk the call stack to the frame whose
-      ``self`` is a GPUModelRunner (CPUModelRunner is a subclass). Entry 8 walks the
-      same way from each FlexAttention mask build to the runner building it.
+   What: from the proposer's ``__init__`` (called inside the runner's) and its
+      ``load_model``, walk the call stack to the frame whose ``self`` is a
+      GPUModelRunner (CPUModelRunner is a subclass). Twice per engine, never per step.
    Why: the custom_class contract gives the proposer no runner, and entries 2-3 and
       the request ids need it.
-   Upstream: gpu_model_runner.py:5073 and cpu_model_runner.py:76
-      (``self.drafter.load_model(self.model)`` inside the runner's load_model).
-   Drift: if no runner is found the proposer drafts nothing (no speculation), with
-      one log line and the counted failure ``hook model runner:unavailable``.
+   Upstream: gpu_model_runner.py:604 (the drafter created in the runner's
+      ``__init__``), :5073 and cpu_model_runner.py:76 (``self.drafter.load_model``
+      inside the runner's load_model).
+   Drift: if no runner is found in ``load_model`` the proposer drafts nothing (no
+      speculation), with one log line and the counted failure
+      ``hook model runner:unavailable``; if none is found in ``__init__``, chain
+      mode (entry 4 needs the runner before the model is built).
    Remove when: the contract hands the runner (or request ids and logits) to the
       proposer, e.g. ``load_model(model, runner)``.
 
@@ -243,28 +262,37 @@ Private vLLM attributes read (vLLM 0.32 names), where, and what happens without 
   ``VLLM_CPU_ATTN_SPLIT_KV`` are read per step under the entry-4 fallbacks.
 - ``torch.ops._C.greedy_argmax``, the CPU wheel's op behind vLLM's greedy sampling
   (v1/sample/sampler.py:241-245): the argmax of greedy verification on CPU, trees and
-  chains (runner/verdicts.row_argmax) -> torch's argmax, the same result, slower.
+  chains (runner/greedy_shortcut.row_argmax) -> torch's argmax, the same result, slower.
 - FlexAttentionMetadata ``_convert_physical_to_logical`` (probed, entry 8),
-  ``doc_ids``, ``uses_paged_kv``, ``persistent_doc_ids`` (per step, entry 8 fallback;
-  without the last the tables are sized by ``doc_ids``); on CPU with "flex" also
+  ``doc_ids``, ``uses_paged_kv``, ``persistent_doc_ids`` (per step, entry 8
+  fallback); the runner's ``attn_groups``, each group's ``metadata_builders`` and
+  FlexAttentionMetadataBuilder ``persistent_doc_ids`` (before the first step, entry
+  8: chain mode without them); on CPU with "flex" also
   ``block_mask``, ``persistent_doc_ids``, ``q_block_size``, ``num_blocks`` and the
   BlockMask's tables (per step, cpu_flex_attention.CPUFlexAttentionImpl.forward).
 - ``vllm.v1.attention.selector._cached_get_attn_backend`` (entry 4; skipped if absent).
-- The call stack's ``self`` locals (entries 8 and 9) and ``worker.model_runner.drafter``
-  (proposer.worker_stats, read with defaults).
+- The call stack's ``self`` locals (entry 9), ``worker.model_runner.drafter``
+  (proposers/logitspec.worker_stats, read with defaults), and under tensor parallel
+  the TP group coordinator's ``rank_in_group``, ``broadcast_object`` and ``cpu_group``
+  (proposers/tp_drafts.py; without them: chain mode).
 
 Attributes set on vLLM objects:
 
 - ``runner._vllm_echo_tree_context``: the engine's TreeContext (runner/tree_state.py: its
   trees, step in flight, counters and verdicts), attached when the runner hooks are
   installed (tree_state.attach_to_runner, from entries 2-3) and read by those hooks
-  each step and by entry 8 per mask build.
+  each step.
   Why: the custom_class contract has no channel from the proposer to code running
   inside the runner; one context per runner keeps engines that share a process
   (no engine-core subprocess, notebooks, tests) apart.
   Remove when: entries 2, 3 and 8 are gone (vLLM verifies token trees itself).
-- ``runner._vllm_echo_prepare_wrapped``, ``runner._vllm_echo_sample_wrapped``: marks
-  that make installing entries 3 and 2 idempotent; removed with them.
+- ``runner._vllm_echo_prepare_inputs_wrapped``, ``runner._vllm_echo_sample_wrapped``:
+  marks that make installing entries 3 and 2 idempotent (runner/access
+  .wrap_runner_method); removed with them.
+- ``runner.load_model``: entry 4's scope (CPU tree mode only); removed with entry 4.
+- Not an attribute: flex_tree_attention keeps, per FlexAttention builder buffer
+  (by id, with a weak reference that drops the entry with the buffer), the
+  TreeContext it belongs to (entry 8).
 
 Not vLLM, listed for completeness: ``sys.excepthook`` is wrapped so that a
 ``SpeculativeConfigError`` reaching the top level prints as one line

@@ -11,10 +11,11 @@ ancestors or the row itself. A tree mask is a subset of causal, so vLLM's causal
 block pruning stays valid; the direct block-mask builder marks no block "full"
 (flex_attention.py:797-798), so the mask is evaluated on every block it keeps.
 
-The patch is process-wide; the step comes from the TreeContext of the model
-runner that builds the metadata (found up the call stack: the metadata has no
-reference to its engine), so other engines' metadata is left as vLLM builds it.
-A tree step whose mask was never built (no runner found) accepts no draft.
+The patch is process-wide. The metadata has no reference to its engine, but it
+holds its builder's persistent query-to-request buffer (``persistent_doc_ids``), and
+each engine's builders are this engine's: ``attach_to_builders`` maps those buffers
+to the engine's TreeContext before its first step, so other engines' metadata is
+left as vLLM builds it. A tree step whose mask was never built accepts no draft.
 Per query token the mask reads two tables built once per step from that step
 (after ``_prepare_inputs``, before the metadata is built):
 ``tree_start[q]`` = the logical position of its request's root (a huge value for
@@ -30,6 +31,7 @@ would have to live in persistent buffers (their shape is already fixed).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -37,6 +39,7 @@ import torch
 
 from vllm_echo.ops.tree_mask import BITS_PER_WORD, build_tree_mask, num_mask_words
 from vllm_echo.plugin.runner import tree_state
+from vllm_echo.plugin.runner.tree_state import TreeContext
 
 _NO_TREE = torch.iinfo(torch.int64).max // 2
 _MARK = "_vllm_echo_tree_mask"
@@ -96,6 +99,40 @@ _METADATA_ATTRIBUTES = ("get_mask_mod", "_convert_physical_to_logical")
 # Instance fields it reads: ``doc_ids`` (query token -> request), ``uses_paged_kv``,
 # and the buffer doc_ids is a view of, which sizes the tables.
 _PERSISTENT_DOC_IDS = "persistent_doc_ids"
+# id(a FlexAttention builder's persistent_doc_ids) -> (a weak reference to that
+# buffer, the TreeContext of its engine); an entry goes with its buffer. (Tensors
+# compare element-wise, so they cannot be the keys of a WeakKeyDictionary.)
+_CONTEXT_OF_BUFFER: dict[int, tuple[weakref.ref, TreeContext]] = {}
+
+
+def attach_to_builders(runner: Any, tree_context: TreeContext) -> str | None:
+    """Tie the FLEX_ATTENTION metadata built by ``runner``'s builders to
+    ``tree_context``, through each builder's persistent ``persistent_doc_ids``
+    (which every metadata it builds holds). Call once the builders exist (the
+    runner's first step). Returns why it cannot (None: attached)."""
+    from vllm.v1.attention.backends.flex_attention import FlexAttentionMetadataBuilder
+
+    builders = [builder for groups in getattr(runner, "attn_groups", None) or []
+                for group in groups for builder in getattr(group, "metadata_builders", [])]
+    flex = [b for b in builders if isinstance(b, FlexAttentionMetadataBuilder)]
+    if not flex:
+        return "the runner has no FLEX_ATTENTION metadata builders (attn_groups)"
+    for builder in flex:
+        buffer = getattr(builder, _PERSISTENT_DOC_IDS, None)
+        if not isinstance(buffer, torch.Tensor):
+            return f"FlexAttentionMetadataBuilder has no {_PERSISTENT_DOC_IDS}"
+        key = id(buffer)
+        _CONTEXT_OF_BUFFER[key] = (
+            weakref.ref(buffer, lambda _, key=key: _CONTEXT_OF_BUFFER.pop(key, None)),
+            tree_context)
+    return None
+
+
+def _context_of(metadata: Any) -> TreeContext | None:
+    entry = _CONTEXT_OF_BUFFER.get(id(getattr(metadata, _PERSISTENT_DOC_IDS, None)))
+    if entry is None or entry[0]() is not getattr(metadata, _PERSISTENT_DOC_IDS):
+        return None
+    return entry[1]
 
 
 def install_flex_tree_mask() -> str | None:
@@ -111,13 +148,11 @@ def install_flex_tree_mask() -> str | None:
     if getattr(original, _MARK, False):
         return None
 
-    from vllm_echo.plugin.runner.access import runner_on_stack
-
     def get_mask_mod(self, *args, **kwargs):
         mask_mod = original(self, *args, **kwargs)
         try:
-            tree_context = tree_state.context_of_runner(runner_on_stack())
-        except Exception:  # a step left without its mask accepts no draft (verify_step_trees)
+            tree_context = _context_of(self)
+        except Exception:  # a step left without its mask accepts no draft (tree_verdicts)
             return mask_mod
         if tree_context is None or tree_context.mode != "flex":
             return mask_mod
@@ -134,7 +169,7 @@ def install_flex_tree_mask() -> str | None:
             # once per step (shared by every layer's metadata); steps without trees
             # share one pair of tables, kept by the engine
             tables = step.mask_tables if step is not None else tree_context.idle_mask_tables
-            rows = getattr(self, _PERSISTENT_DOC_IDS, self.doc_ids).shape[0]
+            rows = getattr(self, _PERSISTENT_DOC_IDS).shape[0]
             if tables is None or tables[0].shape[0] != rows:
                 tables = step_mask_tables(trees, rows, self.doc_ids.device)
                 if step is not None:

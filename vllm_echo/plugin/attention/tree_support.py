@@ -34,11 +34,13 @@ def _chain_mode(reason: str) -> bool:
     return False
 
 
-def prepare(tree_context: TreeContext, vllm_config: Any, tree_attention: str | None) -> bool:
-    """Called from the proposer's __init__, before the model (and its attention
-    layers) is built. CPU: route CPU_ATTN through the tree-capable subclass
-    (``tree_attention`` "native") or through FLEX_ATTENTION ("flex"). Flex, on CPU or
-    CUDA: add the tree mask to FLEX_ATTENTION."""
+def prepare(tree_context: TreeContext, vllm_config: Any, tree_attention: str | None,
+            runner: Any) -> bool:
+    """Called from the proposer's __init__ (inside the runner's), before the model and
+    its attention layers are built. CPU: route CPU_ATTN through the tree-capable
+    subclass (``tree_attention`` "native") or through FLEX_ATTENTION ("flex") while
+    ``runner`` loads its model. Flex, on CPU or CUDA: add the tree mask to
+    FLEX_ATTENTION."""
     from vllm.platforms import current_platform
 
     if vllm_config.parallel_config.pipeline_parallel_size > 1:
@@ -49,27 +51,53 @@ def prepare(tree_context: TreeContext, vllm_config: Any, tree_attention: str | N
     on_cpu = current_platform.is_cpu()
     if not on_cpu and not current_platform.is_cuda():
         return _chain_mode(f"no tree attention for platform {current_platform.device_name!r}")
-    if on_cpu and tree_attention != "flex":
-        _route_cpu_attention(tree_context, _CPU_BACKENDS["native"])
-        tree_context.mode = "cpu"
-        return True
+    flex = tree_attention == "flex" or not on_cpu
     if not on_cpu and not getattr(model_config, "enforce_eager", False):
         return _chain_mode("tree verification on CUDA runs in eager mode only "
                            "(enforce_eager=True / --enforce-eager)")
-    from vllm_echo.plugin.attention.flex_tree_attention import install_flex_tree_mask
+    if flex:
+        from vllm_echo.plugin.attention.flex_tree_attention import install_flex_tree_mask
 
-    reason = install_flex_tree_mask()  # inert unless the layers are FLEX_ATTENTION
-    if reason is not None:
-        return _chain_mode(reason)
+        reason = install_flex_tree_mask()  # inert unless the layers are FLEX_ATTENTION
+        if reason is not None:
+            return _chain_mode(reason)
     if on_cpu:
-        _route_cpu_attention(tree_context, _CPU_BACKENDS["flex"])
-    tree_context.mode = "flex"
+        reason = _route_cpu_attention_while_loading(
+            runner, tree_context, _CPU_BACKENDS["flex" if flex else "native"])
+        if reason is not None:
+            return _chain_mode(reason)
+    tree_context.mode = "flex" if flex else "cpu"
     return True
 
 
-def _route_cpu_attention(tree_context: TreeContext, class_path: str) -> None:
+def _route_cpu_attention_while_loading(runner: Any, tree_context: TreeContext,
+                                       class_path: str) -> str | None:
     """The CPU platform always picks CPU_ATTN: load ``class_path`` under that name
-    while this engine builds its model (``end_cpu_route`` puts the previous one back)."""
+    exactly while ``runner.load_model`` runs (an instance attribute wraps it), so an
+    engine that fails to start leaves no override behind. Returns why it cannot
+    (None: wrapped). A registry call that fails when the model loads puts the engine
+    in chain mode (``tree_context.mode`` None) with one log line."""
+    original = getattr(runner, "load_model", None)
+    if not callable(original):
+        return "the model runner has no load_model"
+
+    def load_model(*args, **kwargs):
+        try:
+            _register_cpu_backend(tree_context, class_path)
+        except Exception as exc:  # the registry changed: vLLM's own backend, chains
+            tree_context.mode = None
+            _chain_mode(f"cannot route CPU_ATTN to the tree backend ({type(exc).__name__}: "
+                        f"{exc})")
+        try:
+            return original(*args, **kwargs)
+        finally:
+            end_cpu_route(tree_context)
+
+    runner.load_model = load_model
+    return None
+
+
+def _register_cpu_backend(tree_context: TreeContext, class_path: str) -> None:
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     backend = AttentionBackendEnum.CPU_ATTN
@@ -83,16 +111,23 @@ def _route_cpu_attention(tree_context: TreeContext, class_path: str) -> None:
         _forget_selected_backends()
 
     register_backend(backend, class_path)
-    _forget_selected_backends()
     tree_context.restore_cpu_backend = restore
+    _forget_selected_backends()
 
 
 def end_cpu_route(tree_context: TreeContext) -> None:
-    """Called once the model is built (load_model): later engines in this process get
-    the backend they would have had without this one."""
+    """Put back what CPU_ATTN loaded before, once the model is built (the proposer's
+    load_model) or its build failed: later engines in this process get the backend
+    they would have had without this one. A failure to restore is logged, not raised."""
     restore, tree_context.restore_cpu_backend = tree_context.restore_cpu_backend, None
     if restore is not None:
-        restore()
+        try:
+            restore()
+        except Exception as exc:
+            logger.warning("vllm-echo: could not restore vLLM's CPU_ATTN backend (%s: %s); "
+                           "engines started later in this process may get the tree "
+                           "backend, which without trees is plain CPU attention.",
+                           type(exc).__name__, exc)
 
 
 def _forget_selected_backends() -> None:

@@ -22,6 +22,7 @@ from vllm_echo.algos.ngram_index import NgramIndex
 from vllm_echo.algos.verify import verify_greedy_chains
 from vllm_echo.config import DEFAULT_NUM_SPECULATIVE_TOKENS
 from vllm_echo.plugin.attention import tree_support
+from vllm_echo.plugin.attention.flex_tree_attention import attach_to_builders
 from vllm_echo.plugin.config_shim import settings_from_vllm_config
 from vllm_echo.plugin.metrics import publish_worker_stats
 from vllm_echo.plugin.proposers.tp_drafts import RankZeroDrafts, tensor_parallel_group
@@ -31,7 +32,7 @@ from vllm_echo.plugin.runner.prepare_hook import install_prepare_hook
 from vllm_echo.plugin.runner.sample_hook import install_sample_hook
 from vllm_echo.plugin.runner.sampler_fixes import install_sampler_fixes
 from vllm_echo.plugin.runner.tree_state import TreeContext, TreeDraft
-from vllm_echo.plugin.runner.verdicts import tree_unsafe_reason
+from vllm_echo.plugin.runner.tree_verdicts import tree_unsafe_reason
 
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
 
@@ -100,7 +101,6 @@ class LogitSpecProposer:
         self.max_model_len = vllm_config.model_config.max_model_len
         self._states: dict[str, _RequestState] = {}
         self._last_logits = LastLogitsTopK(self.settings.topk)
-        self._runner: Any = None
         self._no_spec: str | None = None  # why load_model found nothing to draft with
         self._failures_logged: set[str] = set()
         self.failures: dict[str, int] = {}  # kind of failure -> how often (logged once each)
@@ -108,8 +108,11 @@ class LogitSpecProposer:
         # This engine's trees, step in flight and verdicts, shared with the runner
         # hooks and attention layers that load_model ties to it.
         self.tree_context = TreeContext()
-        self.tree_enabled = self.settings.tree and tree_support.prepare(
-            self.tree_context, vllm_config, self.settings.tree_attention)
+        self._runner: Any = _runner_creating_us()  # None: load_model looks again
+        self.tree_enabled = (self.settings.tree and self._runner is not None
+                             and tree_support.prepare(self.tree_context, vllm_config,
+                                                      self.settings.tree_attention,
+                                                      self._runner))
         self._timer: Any = None  # step_timer.StepTimer, for proposers that cost steps
         self._vllm_config = vllm_config
         self._rank_zero: RankZeroDrafts | None = None  # tensor parallel: rank 0 drafts
@@ -125,11 +128,15 @@ class LogitSpecProposer:
     def load_model(self, model: Any) -> None:  # mandatory on CPU (called without hasattr)
         tree_support.end_cpu_route(self.tree_context)  # the attention layers exist now
         try:
-            self._runner = find_runner()
+            runner = find_runner()
         except Exception as exc:
             self._no_spec = str(exc)
             self._hook_unavailable("model runner", self._no_spec, "no speculation")
             return
+        if runner is not self._runner:  # not found in __init__: no CPU tree backend
+            self._runner, self.tree_enabled = runner, False
+        if self.tree_context.mode is None:  # tree_support found no tree attention
+            self.tree_enabled = False
         problems = probe_runner(self._runner,
                                 flex=self.tree_context.compacts_by_slot)
         if "runner state" in problems:
@@ -140,6 +147,7 @@ class LogitSpecProposer:
             group = tensor_parallel_group(self._vllm_config)
             if group is not None:
                 self._rank_zero = RankZeroDrafts(group, self.tree_context)
+                self.tree_context.agree = self._rank_zero.agree
         except Exception as exc:  # vLLM changed: ranks cannot agree on trees, chains are safe
             self._log_failure("tensor parallel group", exc)
             self.tree_enabled = False
@@ -157,8 +165,10 @@ class LogitSpecProposer:
             self.tree_enabled = False
             self._timer = None
         if self.tree_enabled or self._timer is not None:
+            on_first_step = self._attach_flex_mask if (
+                self.tree_enabled and self.tree_context.compacts_by_slot) else None
             install_prepare_hook(self._runner, self.tree_context, self._log_failure,
-                                 self._hook_drifted, self._timer)
+                                 self._hook_drifted, self._timer, on_first_step)
         if "_sample" not in problems:
             compact = tree_support.compactor(self.tree_context) if self.tree_enabled else None
             install_sample_hook(self._runner, self.tree_context, self._last_logits,
@@ -187,6 +197,18 @@ class LogitSpecProposer:
         return drafts
 
     # -- internals -----------------------------------------------------------------
+
+    def _attach_flex_mask(self) -> None:
+        """The runner's first step: its FLEX_ATTENTION builders exist now (they are
+        made with the KV cache, after load_model); tie their metadata to our trees."""
+        try:
+            reason = attach_to_builders(self._runner, self.tree_context)
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+        if reason is not None:
+            self._hook_unavailable("FLEX_ATTENTION metadata", reason, "chain mode")
+            self.tree_enabled = False
+            self.tree_context.trees.clear()
 
     def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu):
         batch = self._runner.input_batch
@@ -318,9 +340,18 @@ class LogitSpecProposer:
     def snapshot(self) -> dict[str, Any]:
         """Counters, per-kind failure counts and the size of the per-request state."""
         return {**self.stats.flat(), **self.tree_context.counters,
-                "tracked_requests": len(self._states),
+                "tree_enabled": self.tree_enabled, "tracked_requests": len(self._states),
                 "state_bytes": sum(s.index.nbytes for s in list(self._states.values())),
                 "trees_held": len(self.tree_context.trees), "failures": dict(self.failures)}
+
+
+def _runner_creating_us() -> Any | None:
+    """The model runner whose __init__ creates this proposer (vLLM creates the drafter
+    there), or None."""
+    try:
+        return find_runner()
+    except Exception:
+        return None
 
 
 class StepDeadline:

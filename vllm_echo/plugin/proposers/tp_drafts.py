@@ -7,7 +7,9 @@ and the tree verdict; but only rank 0's drafts reach the scheduler. A tree's sha
 drafting deadline, what the planner learned), so ranks that drafted for
 themselves would verify rank 0's tokens under their own masks, positions and KV
 compaction, and the all-reduce would mix them. So ranks other than 0 do not
-draft: each step they take rank 0's drafts and trees.
+draft: each step they take rank 0's drafts and trees. And a failure on one rank
+(a position write, the tree mask, attention, a compaction) must be every rank's:
+``agree`` lets the tree stage take, per request, the worst outcome of all ranks.
 """
 
 from __future__ import annotations
@@ -54,3 +56,14 @@ class RankZeroDrafts:
         # This rank's verdicts are not learned from: rank 0's proposer plans.
         tree_context.last_paths.clear()
         return drafts
+
+    def agree(self, outcomes: np.ndarray) -> np.ndarray:
+        """The element-wise minimum of ``outcomes`` (int32) over the TP group, over its
+        CPU (gloo) group: the tree stage's per-request outcomes, which every rank then
+        applies alike (runner/tree_verdicts.py)."""
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.from_numpy(np.ascontiguousarray(outcomes, dtype=np.int32))
+        dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self._group.cpu_group)
+        return tensor.numpy()

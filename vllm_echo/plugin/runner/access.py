@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 
-def runner_on_stack() -> Any | None:
+def _runner_on_stack() -> Any | None:
     """The nearest GPUModelRunner (or subclass, e.g. CPUModelRunner) up the call
     stack, or None."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -35,7 +35,7 @@ def find_runner() -> Any:
     own ``load_model``; walking frames is the only way the custom_class contract
     lets a proposer reach its runner.
     """
-    runner = runner_on_stack()
+    runner = _runner_on_stack()
     if runner is None:
         raise RuntimeError(
             "vllm-echo: the proposer's load_model() was not called by a vLLM model runner; "
@@ -146,3 +146,29 @@ class ArgumentReader:
             return None
         return tuple(arguments[p] for p in self._params)
 
+
+
+def wrap_runner_method(runner: Any, name: str, params: tuple[str, ...],
+                       on_drift: Callable[[str, str], None],
+                       make_wrapper: Callable[[Callable, Callable], Callable]) -> None:
+    """Replace ``runner.<name>`` (an instance attribute, once per runner) with
+    ``make_wrapper(original, read_arguments)``. ``read_arguments(args, kwargs)`` gives
+    the call's ``params`` by name, or None for a call that does not bind to them:
+    after the first such call it reports the drift once (``on_drift(name, reason)``)
+    and returns None for good, so the wrapper runs the original unchanged."""
+    mark = f"_vllm_echo_{name.strip('_')}_wrapped"
+    if getattr(runner, mark, False):
+        return
+    original = getattr(runner, name)
+    reader = ArgumentReader(inspect.signature(original), params)
+    active = [True]
+
+    def read_arguments(args: tuple, kwargs: dict) -> tuple | None:
+        found = reader(args, kwargs) if active[0] else None
+        if found is None and active[0]:
+            active[0] = False
+            on_drift(name, f"a call without {params}")
+        return found
+
+    setattr(runner, name, make_wrapper(original, read_arguments))
+    setattr(runner, mark, True)

@@ -10,65 +10,62 @@ and publishes the step (``TreeContext.step``) to the attention layers.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from vllm_echo.plugin.runner import tree_state
-from vllm_echo.plugin.runner.access import PREPARE_PARAMS, ArgumentReader
+from vllm_echo.plugin.runner.access import PREPARE_PARAMS, wrap_runner_method
 from vllm_echo.plugin.runner.tree_state import StepTrees, TreeContext
 
 
 def install_prepare_hook(runner: Any, tree_context: TreeContext,
                          on_error: Callable[[str, BaseException], None],
-                         on_drift: Callable[[str, str], None], timer: Any = None) -> None:
+                         on_drift: Callable[[str, str], None], timer: Any = None,
+                         on_first_step: Callable[[], None] | None = None) -> None:
     """Wrap ``runner._prepare_inputs`` (instance attribute) and attach ``tree_context``
-    to the runner; ``timer`` (step_timer.StepTimer) starts timing decode steps here.
+    to the runner; ``timer`` (step_timer.StepTimer) starts timing decode steps here;
+    ``on_first_step`` runs once, before the first step's attention metadata is built.
 
     A call whose arguments cannot be found by name runs the original unchanged and
     switches the hook off for good (``on_drift("_prepare_inputs", reason)``: chain
     mode).
     """
     tree_state.attach_to_runner(runner, tree_context)
-    if getattr(runner, "_vllm_echo_prepare_wrapped", False):
-        return
-    original = runner._prepare_inputs
-    read_arguments = ArgumentReader(inspect.signature(original), PREPARE_PARAMS)
-    active = [True]
+    first_step = [on_first_step]
 
-    def _prepare_inputs(*args, **kwargs):
-        result = original(*args, **kwargs)
-        # read per call: a later install attaches a new context without rewrapping
-        tree_context = tree_state.context_of_runner(runner)
-        tree_context.step = None
-        found = read_arguments(args, kwargs) if active[0] else None
-        if found is None:
-            if active[0]:
-                active[0] = False
-                on_drift("_prepare_inputs", f"a call without {PREPARE_PARAMS}")
-            if timer is not None:
-                timer.skip()
-            return result
-        scheduler_output, num_scheduled_tokens = found
-        try:
-            if tree_context.trees and scheduler_output.scheduled_spec_decode_tokens:
-                tree_context.step = _prepare_step(tree_context, runner, scheduler_output,
-                                                  on_error)
-        except Exception as exc:  # nothing written yet: vLLM's chain semantics hold
-            tree_context.step = None
-            on_error("tree step preparation", exc)
-        if timer is not None:
+    def make_wrapper(original: Callable, read_arguments: Callable) -> Callable:
+        def _prepare_inputs(*args, **kwargs):
+            result = original(*args, **kwargs)
+            # read per call: a later install attaches a new context without rewrapping
+            context = tree_state.context_of_runner(runner)
+            context.step = None
+            if first_step[0] is not None:
+                first_step[0], callback = None, first_step[0]
+                callback()
+            found = read_arguments(args, kwargs)
+            if found is None:
+                if timer is not None:
+                    timer.skip()
+                return result
+            scheduler_output, _ = found
             try:
-                _time_step(timer, scheduler_output, tree_context.step)
-            except Exception as exc:
-                on_error("step timing", exc)
-                timer.skip()
-        return result
+                if context.trees and scheduler_output.scheduled_spec_decode_tokens:
+                    context.step = _prepare_step(context, runner, scheduler_output, on_error)
+            except Exception as exc:  # nothing written yet: vLLM's chain semantics hold
+                context.step = StepTrees([], None, failed=True)
+                on_error("tree step preparation", exc)
+            if timer is not None:
+                try:
+                    _time_step(timer, scheduler_output, context.step)
+                except Exception as exc:
+                    on_error("step timing", exc)
+                    timer.skip()
+            return result
+        return _prepare_inputs
 
-    runner._prepare_inputs = _prepare_inputs
-    runner._vllm_echo_prepare_wrapped = True
+    wrap_runner_method(runner, "_prepare_inputs", PREPARE_PARAMS, on_drift, make_wrapper)
 
 
 def _time_step(timer: Any, scheduler_output: Any, step: StepTrees | None) -> None:

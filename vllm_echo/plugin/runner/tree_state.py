@@ -13,7 +13,7 @@ tensor parallelism every rank's context holds rank 0's trees (tp_drafts.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -91,9 +91,16 @@ class TreeContext:
     # Tree requests verified, those whose accepted path left the first branch and so
     # needed KV compaction, and steps with drafts verified greedily without vLLM's
     # rejection sampler (reported with the proposer's stats).
+    # Also: steps in which a tree request accepted no draft because its step failed
+    # (here or, under tensor parallel, on another rank), trees cut to their nodes in
+    # place by a failed compaction, and steps whose outcome another rank changed.
     counters: dict[str, int] = field(
         default_factory=lambda: {"tree_verifications": 0, "tree_compactions": 0,
-                                 "greedy_verified_steps": 0})
+                                 "greedy_verified_steps": 0, "tree_steps_failed": 0,
+                                 "tree_paths_cut": 0, "tree_outcomes_from_other_ranks": 0})
+    # Tensor parallel: the element-wise minimum of an int32 array over the TP group
+    # (every rank calls it in the same steps); None with one rank. Set by the proposer.
+    agree: Callable[[np.ndarray], np.ndarray] | None = None
     # req_id -> accepted node indices of its last tree verification, kept only when a
     # proposer that learns from verdicts (ECHO) asks for them and pops them.
     record_paths: bool = False
