@@ -31,8 +31,7 @@ from vllm_echo.plugin.runner.last_logits import LastLogitsTopK
 from vllm_echo.plugin.runner.prepare_hook import install_prepare_hook
 from vllm_echo.plugin.runner.sample_hook import install_sample_hook
 from vllm_echo.plugin.runner.sampler_fixes import install_sampler_fixes
-from vllm_echo.plugin.runner.tree_state import TreeContext, TreeDraft
-from vllm_echo.plugin.runner.tree_verdicts import tree_unsafe_reason
+from vllm_echo.plugin.runner.tree_state import TreeContext, TreeDraft, tree_unsafe_reason
 
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
 

@@ -34,29 +34,6 @@ from vllm_echo.plugin.runner.tree_state import StepTrees, TreeContext, TreeRows
 FAILED, CUT, WHOLE = 0, 1, 2
 
 
-def tree_unsafe_reason(params: Any) -> str | None:
-    """Why a request must not be verified as a tree (None: trees are fine).
-
-    These features read the draft list as a chain (penalties, bad words, min
-    tokens and allowed-token masks use it as history; grammars advance through it;
-    draft logprobs come from chain rows), or need the stochastic verifier.
-    """
-    if params is None:
-        return "no sampling params"
-    if params.temperature > 0 and params.min_p:
-        return "min_p sampling"
-    if params.logprobs is not None:
-        return "logprobs requested"
-    if (params.presence_penalty or params.frequency_penalty
-            or params.repetition_penalty != 1.0):
-        return "penalties"
-    if params.bad_words or params.min_tokens or params.logit_bias or params.allowed_token_ids:
-        return "bad_words/min_tokens/logit_bias/allowed_token_ids"
-    if params.structured_outputs is not None:
-        return "structured output"
-    return None
-
-
 @dataclass
 class _Verdict:
     tree: TreeRows

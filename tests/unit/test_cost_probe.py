@@ -1,0 +1,68 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The start-up step-cost probe (runner/cost_probe.py): which sizes it times, that it
+times what the forward costs, and that it runs once the KV cache exists."""
+
+import time
+
+import numpy as np
+import pytest
+
+from vllm_echo.plugin.runner.cost_probe import (LARGEST_SIZE, install_cost_probe,
+                                                probe_sizes, time_forwards)
+
+
+def test_sizes_double_up_to_the_cap():
+    assert probe_sizes(1) == [1]
+    assert probe_sizes(8) == [1, 2, 4, 8]
+    assert probe_sizes(24) == [1, 2, 4, 8, 16, 24]
+    assert probe_sizes(10**6)[-1] == LARGEST_SIZE
+
+
+def test_timed_seconds_follow_the_forward_cost():
+    calls = []
+
+    def forward(n):
+        calls.append(n)
+        time.sleep(0.002 * n)
+
+    sizes, seconds = time_forwards(forward, [1, 4, 8], repeats=2)
+    assert sizes.tolist() == [1, 4, 8]
+    assert calls == [1, 1, 1, 4, 4, 4, 8, 8, 8]  # one untimed call per size first
+    assert np.all(np.diff(seconds) > 0)
+    assert seconds[2] == pytest.approx(0.016, abs=0.01)
+
+
+class Runner:
+    def __init__(self):
+        self.events = []
+
+    def initialize_kv_cache(self, kv_cache_config):
+        self.events.append(("kv", kv_cache_config))
+
+    def _dummy_run(self, num_tokens):
+        self.events.append(("forward", num_tokens))
+
+
+def test_the_probe_runs_after_the_kv_cache_is_made():
+    runner, measured, errors = Runner(), [], []
+    install_cost_probe(runner, 4, lambda *a: measured.append(a),
+                       lambda where, exc: errors.append(where), lambda *a: None)
+    runner.initialize_kv_cache("config")
+    assert runner.events[0] == ("kv", "config")
+    assert {n for kind, n in runner.events[1:]} == {1, 2, 4}
+    (sizes, seconds, took), = measured
+    assert sizes.tolist() == [1, 2, 4] and len(seconds) == 3 and took >= 0
+    assert errors == []
+
+
+def test_a_failing_probe_is_reported_and_the_engine_goes_on():
+    runner, measured, errors = Runner(), [], []
+
+    def broken(num_tokens):
+        raise RuntimeError("no dummy run")
+
+    runner._dummy_run = broken
+    install_cost_probe(runner, 4, lambda *a: measured.append(a),
+                       lambda where, exc: errors.append(where), lambda *a: None)
+    runner.initialize_kv_cache("config")
+    assert measured == [] and errors == ["step cost probe"]

@@ -1,0 +1,73 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The step-cost curve measured at engine start: dummy forwards of the runner, timed
+at several numbers of tokens, once its KV cache exists (the model is compiled by
+then, so the curve is the mode the engine runs in).
+
+ECHO prices a draft token by this curve from its first step instead of learning it
+by exploring; real decode steps then correct it online (attention over long
+contexts, sampling and scheduling, which a dummy forward does not show).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from vllm_echo.plugin.runner.access import wrap_runner_method
+
+# Forwards per size; the median is kept. Sizes are fixed (not time-bounded) so that
+# tensor-parallel ranks, whose forwards are collectives, run the same ones.
+REPEATS = 3
+LARGEST_SIZE = 256  # tokens: bounds the start-up cost (< 2 s for the embedded model on CPU)
+
+
+def probe_sizes(max_tokens: int) -> list[int]:
+    """1, 2, 4, ... up to ``max_tokens`` (capped at LARGEST_SIZE), the cap included."""
+    top = max(1, min(int(max_tokens), LARGEST_SIZE))
+    sizes = [1 << i for i in range(top.bit_length()) if (1 << i) < top]
+    return sizes + [top]
+
+
+def time_forwards(forward: Callable[[int], Any], sizes: list[int],
+                  repeats: int = REPEATS) -> tuple[np.ndarray, np.ndarray]:
+    """``(sizes, median seconds)`` of ``forward(n)`` for each size, after one untimed
+    call per size (a first call may allocate or specialise)."""
+    seconds = []
+    for n in sizes:
+        forward(n)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            forward(n)
+            times.append(time.perf_counter() - start)
+        seconds.append(float(np.median(times)))
+    return np.asarray(sizes, dtype=np.int64), np.asarray(seconds)
+
+
+def install_cost_probe(runner: Any, max_tokens: int,
+                       on_measured: Callable[[np.ndarray, np.ndarray, float], None],
+                       on_error: Callable[[str, BaseException], None],
+                       on_drift: Callable[[str, str], None]) -> None:
+    """Wrap ``runner.initialize_kv_cache`` (instance attribute): after it, time
+    ``runner._dummy_run(n)`` at ``probe_sizes(max_tokens)`` and hand the points and
+    the seconds the probe took to ``on_measured``. A failure is reported and leaves
+    the curve unmeasured (ECHO then learns it from real steps)."""
+
+    def make_wrapper(original: Callable, read_arguments: Callable) -> Callable:
+        def initialize_kv_cache(*args, **kwargs):
+            result = original(*args, **kwargs)
+            started = time.perf_counter()
+            try:
+                sizes, seconds = time_forwards(lambda n: runner._dummy_run(n),
+                                               probe_sizes(max_tokens))
+            except Exception as exc:
+                on_error("step cost probe", exc)
+            else:
+                on_measured(sizes, seconds, time.perf_counter() - started)
+            return result
+        return initialize_kv_cache
+
+    wrap_runner_method(runner, "initialize_kv_cache", ("kv_cache_config",), on_drift,
+                       make_wrapper)
