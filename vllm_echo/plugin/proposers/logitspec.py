@@ -108,6 +108,9 @@ class LogitSpecProposer:
         # hooks and attention layers that load_model ties to it.
         self.tree_context = TreeContext()
         self._runner: Any = _runner_creating_us()  # None: load_model looks again
+        if self.settings.tree and self._runner is None:
+            logger.warning("vllm-echo: tree verification unavailable (the proposer was not "
+                           "created by a vLLM model runner); using chain mode.")
         self.tree_enabled = (self.settings.tree and self._runner is not None
                              and tree_support.prepare(self.tree_context, vllm_config,
                                                       self.settings.tree_attention,

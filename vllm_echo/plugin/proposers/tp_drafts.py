@@ -64,6 +64,6 @@ class RankZeroDrafts:
         import torch
         import torch.distributed as dist
 
-        tensor = torch.from_numpy(np.ascontiguousarray(outcomes, dtype=np.int32))
+        tensor = torch.tensor(outcomes, dtype=torch.int32)  # a copy: reduced in place
         dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self._group.cpu_group)
         return tensor.numpy()

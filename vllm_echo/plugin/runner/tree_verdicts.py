@@ -131,7 +131,7 @@ def _agree(tree_context: TreeContext, step: StepTrees | None, outcome: dict[int,
     mine = np.full(len(candidates), FAILED if failed else WHOLE, dtype=np.int32)
     for k, i in enumerate(candidates):
         mine[k] = outcome.get(i, mine[k])
-    agreed = tree_context.agree(mine)
+    agreed = np.asarray(tree_context.agree(mine.copy()))  # agree may reduce in place
     if not np.array_equal(agreed, mine):
         tree_context.counters["tree_outcomes_from_other_ranks"] += 1
     return dict(zip(candidates, agreed.tolist()))
