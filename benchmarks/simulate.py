@@ -245,9 +245,11 @@ def hinge_step_ms(num_requests: int, num_drafts: int, num_trees: int,
     return 1.0 + max(0, num_requests + num_drafts - knee) / knee
 
 
-# name -> (step cost, ECHO's forest capacity there: the plugin's CPU default, elsewhere 64)
-COST_CURVES: dict[str, tuple[Callable[[int, int, int], float], int]] = {
-    "cpu": (cpu_step_ms, CPU_ECHO_CAPACITY), "gpu-like hinge (assumed)": (hinge_step_ms, 64)}
+# name -> (step cost, ECHO's forest capacity there, trees): the plugin's CPU default
+# (chains from a 32-node forest), elsewhere the reference capacity and trees.
+COST_CURVES: dict[str, tuple[Callable[[int, int, int], float], int, bool]] = {
+    "cpu": (cpu_step_ms, CPU_ECHO_CAPACITY, False),
+    "gpu-like hinge (assumed)": (hinge_step_ms, 64, True)}
 
 
 # -- replay ---------------------------------------------------------------------------
@@ -405,16 +407,14 @@ def echo_replay(rows: list[dict], capacity: int, trees: bool, batch: int = 1,
 # The batch-1 table's ECHO rows: the CPU default (chains) and trees, start-up curve.
 ECHO_VARIANTS = {f"echo chain (capacity {CPU_ECHO_CAPACITY})": False,
                  f"echo tree (capacity {CPU_ECHO_CAPACITY})": True}
-# Per cost curve: (ECHO's forest capacity, trees by default): the plugin's CPU default
-# (chains), and elsewhere the reference capacity and trees.
-ECHO_DEFAULTS = {"cpu": (CPU_ECHO_CAPACITY, False), "gpu-like hinge (assumed)": (64, True)}
 # ECHO's rows in the batch comparison: keyword arguments of echo_replay over the default.
 ECHO_RUNS = {"echo": {}, "echo, no start-up curve": {"startup": False},
              "echo, other mode": {"other_mode": True}}
-# --ablations: the tuning fields that switch a mechanism on or off (EchoTuning).
-ECHO_ABLATIONS = {"echo, match-length buckets (m > 3)": {"match_split": 3},
-                  "echo, verified labels only": {"label_unverified": False},
-                  "echo, no probe": {"probe_after": 1 << 30}}
+# --ablations: ECHO with a mechanism switched off (EchoTuning fields).
+ECHO_ABLATIONS = {"echo, no match-length buckets": {"tuning": {"match_split": 0}},
+                  "echo, no probe": {"tuning": {"probe_after": 1 << 30}},
+                  "echo, no start-up curve, no probe": {"startup": False,
+                                                        "tuning": {"probe_after": 1 << 30}}}
 
 
 def _with_speedup(result: dict, none: dict) -> dict:
@@ -449,11 +449,9 @@ def simulate_batches(rows: list[dict], batch_sizes: list[int], requests_per_slot
     gained (the offline benchmark's shape: all prompts submitted at once)."""
     fixed = {"ngram k=4 m1..3 (vLLM)": vllm_ngram(4, 1, 3),
              "logitspec chain K=4": logitspec_chain(4)}
-    echo_runs = {**ECHO_RUNS, **({k: {"tuning": v} for k, v in ECHO_ABLATIONS.items()}
-                                 if ablations else {})}
+    echo_runs = {**ECHO_RUNS, **(ECHO_ABLATIONS if ablations else {})}
     out = []
-    for curve_name, (cost, _) in COST_CURVES.items():
-        capacity, trees = ECHO_DEFAULTS[curve_name]
+    for curve_name, (cost, capacity, trees) in COST_CURVES.items():
         for batch in batch_sizes:
             count = max(len(rows), requests_per_slot * batch)
             none = replay(rows, None, batch, cost, count)
@@ -468,6 +466,13 @@ def simulate_batches(rows: list[dict], batch_sizes: list[int], requests_per_slot
                 out.append({"cost": curve_name, "batch": batch, "method": name,
                             "requests": count, **_with_speedup(result, none)})
     return out
+
+
+def low_acceptance_first(rows: list[dict]) -> list[dict]:
+    """The rows in order of vLLM ngram's tokens per step, lowest first: a workload whose
+    early requests barely copy and whose later ones do (rates learned early are low)."""
+    drafter = PerRequest(vllm_ngram(4, 1, 3))
+    return sorted(rows, key=lambda row: replay([row], drafter)["tokens_per_step"])
 
 
 def batch_table(results: list[dict], batch_sizes: list[int]) -> str:
@@ -510,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="requests through the batch per batch slot in that comparison")
     p.add_argument("--ablations", action="store_true",
                    help="add ECHO's tuning ablations (EchoTuning switches) to that comparison")
+    p.add_argument("--low-acceptance-first", action="store_true",
+                   help="replay the prompts in order of acceptance, lowest first")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--smoke", action="store_true",
                    help="CI: replay 2 prompts of the shipped trace (record 2x16 if none)")
@@ -529,9 +536,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"no trace at {trace}; record one with --record {trace}")
     meta, rows = load_trace(trace, args.limit)
     _warm_up()
+    if args.low_acceptance_first:
+        rows = low_acceptance_first(rows)
     start = time.perf_counter()
     results = simulate(rows)
     report = {"benchmark": "simulate", "trace": str(trace), "trace_meta": meta,
+              "low_acceptance_first": args.low_acceptance_first,
               "replayed_prompts": len(rows), "replay_s": time.perf_counter() - start,
               "methods": results}
     table = bench_common.markdown_table(

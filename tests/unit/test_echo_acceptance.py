@@ -38,25 +38,29 @@ def test_buckets_by_depth_match_length_and_head_probability():
     assert model.buckets(parents, match_len, rank, logp).tolist() == [0, 2, 3, 5, 1, 6, 7, 8]
 
 
-def test_labels_count_only_nodes_whose_parent_was_accepted():
+def test_labels_count_only_verified_nodes_whose_parent_was_accepted():
     #   root -> A(5) -> C(6) -> E(7)       accepted: A, C; the target then emitted 7
     #        -> B(8) -> D(9)               B is rejected, so D's verdict is unknown
     #        -> F(5)                       a duplicate of A: accepted too
     parents = np.array([-1, -1, 0, 1, 2, -1])
     tokens = np.array([5, 8, 6, 9, 7, 5])
-    trial, success = labels(parents, tokens, np.array([0, 2]), next_token=7)
+    every = np.arange(6)
+    trial, success = labels(parents, tokens, np.array([0, 2]), 7, every)
     assert trial.tolist() == [True, True, True, False, True, True]
     assert success.tolist() == [True, False, True, False, True, True]
+    # E was not verified (the draft stopped at C): E gives no label, though its parent
+    # was accepted and the target's next token is known
+    trial, success = labels(parents, tokens, np.array([0, 2]), 7, np.array([0, 1, 2, 3, 5]))
+    assert trial.tolist() == [True, True, True, False, False, True]
     # nothing accepted: only the root's children are trials, against the bonus token
-    trial, success = labels(parents, tokens, np.array([], np.int64), next_token=8)
+    trial, success = labels(parents, tokens, np.array([], np.int64), 8, every)
     assert trial.tolist() == [True, True, False, False, False, True]
     assert success.tolist() == [False, True, False, False, False, False]
 
 
-@pytest.mark.parametrize("label_unverified", [True, False])
-def test_beta_posterior_counts_uncensored_trials(label_unverified):
+def test_beta_posterior_counts_uncensored_trials():
     tuning = EchoTuning(retrieved_prior=(1, 1), match_split=0, depth_edges=(1, 2, 3, 4),
-                        label_unverified=label_unverified, **EXACT)
+                        **EXACT)
     planner = EchoPlanner(tuning, trees=True, k_max=2)  # verifies the 2 best nodes
     # root -> 5 -> 6 -> 7 -> 8 (one retrieved chain, depths 1..4)
     forest = _forest([5, 6, 7, 8], [-1, 0, 1, 2])
@@ -64,10 +68,9 @@ def test_beta_posterior_counts_uncensored_trials(label_unverified):
     assert plan.token_ids.tolist() == [5, 6]
     planner.observe([(plan, [0, 1], 7)])  # both accepted, then the target emitted 7
     trials, successes = planner.acceptance.trials, planner.acceptance.successes
-    # depth 3 (node 7) was not verified but its parent was accepted: a trial only when
-    # unverified labels count; depth 4 (node 8) hangs under an unverified node: never.
-    assert trials[:4].tolist() == [1, 1, float(label_unverified), 0]
-    assert successes[:4].tolist() == [1, 1, float(label_unverified), 0]
+    # depths 3 and 4 (nodes 7 and 8) were not verified: no trial
+    assert trials[:4].tolist() == [1, 1, 0, 0]
+    assert successes[:4].tolist() == [1, 1, 0, 0]
     rates = planner.acceptance.rates
     assert rates[0] == pytest.approx(2 / 3) and rates[3] == pytest.approx(0.5)
     # a rejection at depth 1: the posterior of Beta(1, 1) after 1 success and 1 failure

@@ -35,7 +35,7 @@ def test_one_timed_step_without_a_curve_prices_with_the_prior_slope():
     cost.observe(4, 0.1)
     assert cost.ready
     assert cost.time(4) == pytest.approx(0.1)
-    assert cost.time(5) - cost.time(4) == pytest.approx(0.03 * 0.1)
+    assert cost.time(5) - cost.time(4) == pytest.approx(0.03 * 0.1 / 4)  # per token of the step
 
 
 def test_tracks_a_shifted_and_steeper_curve_online():

@@ -146,8 +146,7 @@ def test_probe_after_steps_without_a_draft():
 def test_low_rates_recover_through_probes():
     """Rates pushed below break-even by early rejections come back once probes see
     acceptances (the probe is the only way: no step drafts otherwise)."""
-    planner = EchoPlanner(EchoTuning(probe_after=4, probe_nodes=1, match_split=0,
-                                     label_unverified=False))
+    planner = EchoPlanner(EchoTuning(probe_after=4, probe_nodes=1, match_split=0))
     _linear(planner, 1.0, 0.3)  # break-even at one request: 0.3 / 1.3 = 0.23
     for _ in range(20):  # early drafts are all rejected
         planner.acceptance.observe(np.array([0]), np.array([True]), np.array([False]))

@@ -7,7 +7,7 @@ A step verifies ``n`` tokens: one per request plus its draft tokens. Its time is
 
 - ``base``: the curve measured at start-up (:meth:`StepCost.set_curve`: dummy forwards
   at several sizes); without one, a prior line through the origin (a token costs
-  ``EchoTuning.prior_token_cost`` of the first timed step);
+  ``EchoTuning.prior_token_cost`` of the first timed step's time per token);
 - ``a + b n``: what the timed steps add to it, fitted by exponentially weighted least
   squares (the slope pulled toward 0 until the steps have spread over enough sizes).
   It is what a dummy forward does not show (sampling, scheduling, attention over long
@@ -84,7 +84,7 @@ class StepCost:
         n, t = float(num_tokens), float(seconds)
         self.steps += 1
         if self._curve is None and self._prior_slope is None:
-            self._prior_slope = tune.prior_token_cost * t
+            self._prior_slope = tune.prior_token_cost * t / n
         residual = t - float(self._base(np.array([n]))[0])
         self._fit = self._fit * (1.0 - tune.overhead_rate) + (1.0, n, residual, n * n,
                                                               n * residual)

@@ -153,12 +153,11 @@ class EchoPlanner:
             taken = self._choose(pool, [candidates[i].chain_only for i in live], max_drafts,
                                  max(num_requests, len(live)))
         self.last_budget = taken.size
+        self._probing = False  # a probe is one step
         self._empty_steps = 0 if taken.size else self._empty_steps + 1
         if not taken.size:
             return drafts, plans
         self.stats["drafted_steps"] += 1
-        self.stats["probes"] += self._probing
-        self._probing = False
         selected = np.zeros(pool.parents.size, np.bool_)
         selected[taken] = True
         for r, i in enumerate(live):
@@ -200,6 +199,7 @@ class EchoPlanner:
         k = int(np.argmax(rates))  # the first best: the smallest such prefix
         if k == 0 and self._probing:
             k = min(self.tuning.probe_nodes, seq.size)
+            self.stats["probes"] += 1
         return seq[:k]
 
     # -- feedback --------------------------------------------------------------------------
@@ -214,11 +214,7 @@ class EchoPlanner:
         for plan, path, next_token in verdicts:
             accepted = plan.keep[np.asarray(path, dtype=np.int64)]
             trial, success = labels(plan.cand_parents, plan.cand_tokens, accepted,
-                                    int(next_token))
-            if not self.tuning.label_unverified:
-                verified = np.zeros(trial.size, np.bool_)
-                verified[plan.keep] = True
-                trial &= verified
+                                    int(next_token), plan.keep)
             buckets.append(plan.cand_buckets)
             trials.append(trial)
             successes.append(success)

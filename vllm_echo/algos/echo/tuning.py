@@ -28,10 +28,6 @@ class EchoTuning:
     # Per-step decay of the Beta counts: nearer 1 averages over more steps, lower
     # follows a changing workload faster (0.99: about the last 100 steps).
     acceptance_decay: float = 0.99
-    # Also count candidates that were not verified but whose parent was accepted
-    # (their verdict is known from the target's emitted token): more labels for free,
-    # slightly biased under sampling where a rejected sibling changed the emitted token.
-    label_unverified: bool = True
 
     # -- step cost curve --
     # Weight of a new step in the line the timed steps add to the base curve (EWMA):
@@ -46,7 +42,8 @@ class EchoTuning:
     # coarser pools more steps per bucket.
     bucket_growth: float = 1.25
     # Without a measured curve, a verified token costs this share of the first timed
-    # step until steps of different sizes say otherwise (high: drafts little at first).
+    # step's time per token, until steps of different sizes say otherwise (high: drafts
+    # little at first, and may never learn that more pays).
     prior_token_cost: float = 0.03
     # Weight of the base curve's slope against the timed steps' spread of sizes, in
     # squared tokens: higher trusts the measured (or prior) slope longer.
