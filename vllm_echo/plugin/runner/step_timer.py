@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Decode step times for ECHO's cost model."""
+"""Decode step times for ECHO's step-cost curve."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Callable
 
 
 class StepTimer:
-    """Decode step time vs its size, for ECHO's cost model: a step's cycle, from the
+    """Decode step time vs its size, for ECHO's step-cost curve: a step's cycle, from the
     end of its ``_prepare_inputs`` (``started``) to the end of the next step's
     (``started`` or ``skip``). That is forward, sampling (the rejection sampler when
     the step has drafts), drafting, and the engine's scheduling and output processing,
