@@ -40,7 +40,7 @@ WORKLOADS = {
 }
 # The fixed configurations echo is compared with, and echo's ablations (shown, not targets).
 FIXED = ["none", "ngram", "ngram8", "logitspec", "logitspec-tree"]
-ABLATIONS = ["echo-dense", "echo-fixed-tau", "echo-no-shared-budget"]
+ABLATIONS = ["echo-tree"]
 SMOKE = dict(workloads=["copy-edit"], batch_sizes=[1], dtypes=["float32"], repeats=1,
              prompts=2, max_tokens=16, methods=["none", "ngram", "echo"])
 

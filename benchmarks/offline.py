@@ -63,9 +63,7 @@ METHODS: dict[str, dict | None] = {
     "logitspec": {"method": "logitspec", "tree": False},
     "logitspec-tree": {"method": "logitspec", "tree": True},
     "echo": {"method": "echo"},
-    "echo-dense": {"method": "echo", "gating": "dense"},
-    "echo-fixed-tau": {"method": "echo", "fixed_tau": True},
-    "echo-no-shared-budget": {"method": "echo", "shared_budget": False},
+    "echo-tree": {"method": "echo", "tree": True},  # trees (on CPU ECHO verifies chains)
 }
 # Python packages a method needs in addition to vLLM.
 REQUIRES = {"suffix": "arctic_inference"}

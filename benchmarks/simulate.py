@@ -17,7 +17,7 @@ token is the root; a method drafts a chain or forest, which is verified greedily
 accepted + 1 tokens are emitted. The first output token costs one forward (prefill).
 tokens/step = output tokens / forwards; drafted/step = draft tokens (root excluded)
 per decode forward. Requests run one at a time (batch 1) or, for the comparison of
-ECHO with its ablations, up to B at once with continuous batching; a step's time
+ECHO against the fixed methods, up to B at once with continuous batching; a step's time
 comes from a cost function of its live requests, draft tokens and tree requests
 (measured on this CPU, or an assumed GPU-like hinge), and ECHO learns from it as
 the plugin learns from measured step times. Since greedy decoding is lossless, the
@@ -245,9 +245,11 @@ def hinge_step_ms(num_requests: int, num_drafts: int, num_trees: int,
     return 1.0 + max(0, num_requests + num_drafts - knee) / knee
 
 
-# name -> (step cost, ECHO's forest capacity there: the plugin's CPU default, elsewhere 64)
-COST_CURVES: dict[str, tuple[Callable[[int, int, int], float], int]] = {
-    "cpu": (cpu_step_ms, CPU_ECHO_CAPACITY), "gpu-like hinge (assumed)": (hinge_step_ms, 64)}
+# name -> (step cost, ECHO's forest capacity there, trees): the plugin's CPU default
+# (chains from a 32-node forest), elsewhere the reference capacity and trees.
+COST_CURVES: dict[str, tuple[Callable[[int, int, int], float], int, bool]] = {
+    "cpu": (cpu_step_ms, CPU_ECHO_CAPACITY, False),
+    "gpu-like hinge (assumed)": (hinge_step_ms, 64, True)}
 
 
 # -- replay ---------------------------------------------------------------------------
@@ -321,28 +323,30 @@ def replay(rows: list[dict], drafter: Callable | None, batch: int = 1,
 
 
 class EchoDrafter:
-    """ECHO as a replay drafter: the planner sees the batch's forests each step and
-    learns from each step's verdicts. The engine's timings are replaced by the replay's
-    cost function, fed to the planner's cost model as the plugin feeds measured ones;
-    when no draft can pay, the planner's probing policy decides, as in the plugin
-    (EchoPlanner.step_explore). ``stats()``: its own planning time per step and what it
+    """ECHO as a replay drafter: the planner the engine runs (EchoPlanner) sees the
+    batch's forests each step and learns from each step's verdicts. The engine's step
+    timings are replaced by the replay's cost function, fed to the planner's cost curve
+    as the plugin feeds measured ones. ``curve``: the start-up curve (a cost function of
+    the step's size), or None for none (online only, as the engine runs without the
+    start-up measurement). ``stats()``: its own planning time per step and what it
     learned."""
 
-    def __init__(self, overrides: dict | None = None):
-        from vllm_echo.algos.echo.planner import EchoPlanner
-        from vllm_echo.config import EchoSettings
+    def __init__(self, capacity: int, trees: bool, curve: Callable[[int], float] | None = None,
+                 tuning: dict | None = None, k_max: int | None = None):
+        from vllm_echo.algos.echo import EchoPlanner, EchoTuning
+        from vllm_echo.config import ECHO_MAX_NGRAM
 
-        self.settings = EchoSettings.from_dict({"method": "echo", "num_speculative_tokens": 63,
-                                                **(overrides or {})})
-        self.cap = self.settings.max_drafts
-        self.max_ngram = self.settings.max_ngram
-        self.planner = EchoPlanner(self.settings)
+        self.capacity, self.cap = capacity, capacity - 1
+        self.max_ngram = ECHO_MAX_NGRAM
+        self.planner = EchoPlanner(EchoTuning(**(tuning or {})), trees=trees, k_max=k_max)
+        if curve is not None:
+            self.planner.cost.set_curve(STARTUP_SIZES, [curve(n) for n in STARTUP_SIZES])
         self.steps = self.tree_steps = 0
         self.plan_s = 0.0
         self._plans: list = []
 
     def __call__(self, states: list["Replay"], positions: list[int]) -> list[tuple]:
-        from vllm_echo.algos.echo.planner import Candidates
+        from vllm_echo.algos.echo import Candidates
         from vllm_echo.algos.forest import build_forest_nodes
 
         if any(state.topk_logp is None for state in states):
@@ -350,18 +354,16 @@ class EchoDrafter:
         start = time.perf_counter()
         empty = (np.empty(0, np.int32), np.empty(0, np.int32))
         drafts, self._plans = [empty] * len(states), [None] * len(states)
-        explore = self.planner.step_explore(len(states))
-        if explore is not None:
-            settings = self.settings
+        mode = self.planner.drafting_mode(len(states))
+        if mode != "none":
+            heads = mode == "all"
             candidates = []
             for state, pos in zip(states, positions):
-                nodes = build_forest_nodes(state.index_at(pos), state.topk[pos],
-                                           min(settings.capacity, self.cap + 1),
-                                           max_chains=(1 << 30) if settings.tree else 1)
+                top = state.topk[pos] if heads else np.empty(0, np.int32)
+                nodes = build_forest_nodes(state.index_at(pos), top, self.capacity)
                 candidates.append(Candidates(*nodes, head_logp=np.asarray(
-                    state.topk_logp[pos], dtype=np.float64)))
-            drafts, self._plans = self.planner.plan(
-                candidates, self.cap, explore=explore)
+                    state.topk_logp[pos] if heads else (), dtype=np.float64)))
+            drafts, self._plans = self.planner.plan(candidates, self.cap, len(states))
         self.plan_s += time.perf_counter() - start
         return drafts
 
@@ -372,30 +374,47 @@ class EchoDrafter:
             if plan is not None and len(path) + 1 == n:  # not cut by the end of the output
                 observed.append((plan, path, int(state.full[state.prompt_len + pos + n])))
         self.planner.observe(observed)
-        self.planner.cost.add(num_tokens, seconds, num_trees, num_tokens > len(states))
+        self.planner.cost.observe(num_tokens, seconds)
         self.steps += 1
         self.tree_steps += num_trees > 0
 
     def stats(self) -> dict[str, Any]:
-        cost = self.planner.cost
+        snap = self.planner.snapshot()
         return {"plan_ms_per_step": 1e3 * self.plan_s / self.steps if self.steps else None,
-                "tree_steps": self.tree_steps, "k_max_last": self.planner.last_k_max,
-                "cost_model": cost.coef, "cost_knee": cost.knee, "tree_cost": cost.tree_cost}
+                "tree_steps": self.tree_steps, "probes": snap["probes"],
+                "rates": snap["rates"], "cost_curve": self.planner.cost.describe()}
 
 
-def echo_replay(rows: list[dict], overrides: dict | None = None, batch: int = 1,
+# Sizes of the start-up curve (the plugin times dummy forwards at several sizes).
+STARTUP_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024,
+                 2048, 4096)
+
+
+def startup_curve(cost: Callable[[int, int, int], float]) -> Callable[[int], float]:
+    """What a dummy forward of n tokens costs under ``cost``: one request, n - 1 drafts
+    (no per-request work beyond the first, no tree)."""
+    return lambda n: cost(1, n - 1, 0)
+
+
+def echo_replay(rows: list[dict], capacity: int, trees: bool, batch: int = 1,
                 cost: Callable[[int, int, int], float] = cpu_step_ms,
-                num_requests: int | None = None) -> dict[str, Any]:
-    drafter = EchoDrafter(overrides)
+                num_requests: int | None = None, startup: bool = True,
+                tuning: dict | None = None) -> dict[str, Any]:
+    drafter = EchoDrafter(capacity, trees, startup_curve(cost) if startup else None, tuning)
     return {**replay(rows, drafter, batch, cost, num_requests), **drafter.stats()}
 
 
-ECHO_VARIANTS = {f"echo (batch 1, capacity {CPU_ECHO_CAPACITY})": {"capacity": CPU_ECHO_CAPACITY},
-                 "echo chain mode (batch 1)": {"tree": False}}
-# The offline benchmark's ECHO rows, compared at every batch size.
-ECHO_ABLATIONS = {"echo": {}, "echo-dense": {"gating": "dense"},
-                  "echo-fixed-tau": {"fixed_tau": True},
-                  "echo-no-shared-budget": {"shared_budget": False}}
+# The batch-1 table's ECHO rows: the CPU default (chains) and trees, start-up curve.
+ECHO_VARIANTS = {f"echo chain (capacity {CPU_ECHO_CAPACITY})": False,
+                 f"echo tree (capacity {CPU_ECHO_CAPACITY})": True}
+# ECHO's rows in the batch comparison: keyword arguments of echo_replay over the default.
+ECHO_RUNS = {"echo": {}, "echo, no start-up curve": {"startup": False},
+             "echo, other mode": {"other_mode": True}}
+# --ablations: ECHO with a mechanism switched off (EchoTuning fields).
+ECHO_ABLATIONS = {"echo, no match-length buckets": {"tuning": {"match_split": 0}},
+                  "echo, no probe": {"tuning": {"probe_after": 1 << 30}},
+                  "echo, no start-up curve, no probe": {"startup": False,
+                                                        "tuning": {"probe_after": 1 << 30}}}
 
 
 def _with_speedup(result: dict, none: dict) -> dict:
@@ -412,16 +431,17 @@ def simulate(rows: list[dict]) -> dict[str, Any]:
         out[name] = _with_speedup(replay(rows, draft and PerRequest(draft)), none)
         out[name]["replay_s"] = time.perf_counter() - start
     if all("topk_logprobs" in row for row in rows):  # traces recorded before had none
-        for name, overrides in ECHO_VARIANTS.items():
+        for name, trees in ECHO_VARIANTS.items():
             start = time.perf_counter()
-            out[name] = _with_speedup(echo_replay(rows, overrides), none)
+            out[name] = _with_speedup(echo_replay(rows, CPU_ECHO_CAPACITY, trees), none)
             out[name]["replay_s"] = time.perf_counter() - start
     return out
 
 
-def simulate_batches(rows: list[dict], batch_sizes: list[int], requests_per_slot: int = 4
-                     ) -> list[dict[str, Any]]:
-    """Fixed-K drafters against ECHO and its ablations, per cost curve and batch size.
+def simulate_batches(rows: list[dict], batch_sizes: list[int], requests_per_slot: int = 4,
+                     ablations: bool = False) -> list[dict[str, Any]]:
+    """Fixed-K drafters against ECHO (and with ``ablations`` its tuning ablations), per
+    cost curve and batch size.
 
     ``requests_per_slot`` x batch requests pass through the batch (rows cycled), so
     that the batch stays full most of the time, as under steady serving load. With one
@@ -429,20 +449,30 @@ def simulate_batches(rows: list[dict], batch_sizes: list[int], requests_per_slot
     gained (the offline benchmark's shape: all prompts submitted at once)."""
     fixed = {"ngram k=4 m1..3 (vLLM)": vllm_ngram(4, 1, 3),
              "logitspec chain K=4": logitspec_chain(4)}
+    echo_runs = {**ECHO_RUNS, **(ECHO_ABLATIONS if ablations else {})}
     out = []
-    for curve_name, (cost, capacity) in COST_CURVES.items():
+    for curve_name, (cost, capacity, trees) in COST_CURVES.items():
         for batch in batch_sizes:
             count = max(len(rows), requests_per_slot * batch)
             none = replay(rows, None, batch, cost, count)
             runs = {name: replay(rows, PerRequest(draft), batch, cost, count)
                     for name, draft in fixed.items()}
-            runs.update({name: echo_replay(rows, {"capacity": capacity, **overrides}, batch,
-                                           cost, count)
-                         for name, overrides in ECHO_ABLATIONS.items()})
+            for name, kwargs in echo_runs.items():
+                kwargs = dict(kwargs)
+                mode = trees != kwargs.pop("other_mode", False)
+                label = name.replace("other mode", "trees" if mode else "chains")
+                runs[label] = echo_replay(rows, capacity, mode, batch, cost, count, **kwargs)
             for name, result in runs.items():
                 out.append({"cost": curve_name, "batch": batch, "method": name,
                             "requests": count, **_with_speedup(result, none)})
     return out
+
+
+def low_acceptance_first(rows: list[dict]) -> list[dict]:
+    """The rows in order of vLLM ngram's tokens per step, lowest first: a workload whose
+    early requests barely copy and whose later ones do (rates learned early are low)."""
+    drafter = PerRequest(vllm_ngram(4, 1, 3))
+    return sorted(rows, key=lambda row: replay([row], drafter)["tokens_per_step"])
 
 
 def batch_table(results: list[dict], batch_sizes: list[int]) -> str:
@@ -480,9 +510,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--limit", type=int, default=None, help="replay only the first N prompts")
     p.add_argument("--batch-sizes", nargs="*", type=int, default=[1, 8, 24, 64],
-                   help="batch sizes of the ECHO-vs-ablations comparison (none: skip it)")
+                   help="batch sizes of the ECHO-vs-fixed-methods comparison (none: skip it)")
     p.add_argument("--requests-per-slot", type=int, default=4,
                    help="requests through the batch per batch slot in that comparison")
+    p.add_argument("--ablations", action="store_true",
+                   help="add ECHO's tuning ablations (EchoTuning switches) to that comparison")
+    p.add_argument("--low-acceptance-first", action="store_true",
+                   help="replay the prompts in order of acceptance, lowest first")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--smoke", action="store_true",
                    help="CI: replay 2 prompts of the shipped trace (record 2x16 if none)")
@@ -502,9 +536,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"no trace at {trace}; record one with --record {trace}")
     meta, rows = load_trace(trace, args.limit)
     _warm_up()
+    if args.low_acceptance_first:
+        rows = low_acceptance_first(rows)
     start = time.perf_counter()
     results = simulate(rows)
     report = {"benchmark": "simulate", "trace": str(trace), "trace_meta": meta,
+              "low_acceptance_first": args.low_acceptance_first,
               "replayed_prompts": len(rows), "replay_s": time.perf_counter() - start,
               "methods": results}
     table = bench_common.markdown_table(
@@ -515,7 +552,8 @@ def main(argv: list[str] | None = None) -> int:
           f"replayed in {report['replay_s']:.1f} s\n\n{table}")
     if args.batch_sizes and all("topk_logprobs" in row for row in rows):
         start = time.perf_counter()
-        report["batches"] = simulate_batches(rows, args.batch_sizes, args.requests_per_slot)
+        report["batches"] = simulate_batches(rows, args.batch_sizes, args.requests_per_slot,
+                                             args.ablations)
         report["batches_replay_s"] = time.perf_counter() - start
         print(f"\nModeled speed-up over none (tokens per forward) by batch size, "
               f"{args.requests_per_slot} requests per batch slot, replayed in "

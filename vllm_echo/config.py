@@ -27,9 +27,7 @@ VLLM_PASSTHROUGH_KEYS = frozenset({
     "disable_log_stats",
 })
 
-ECHO_KEYS = frozenset({"k_max", "delta", "max_sweet_spots", "calibration_steps", "gating",
-                       "fixed_tau", "shared_budget"})
-GATING_MODES = ("sparse", "dense")
+ECHO_KEYS = frozenset({"k_max"})
 # How tree rows get their mask: "native" is the CPU backend's own kernel plus torch
 # for the tree rows (CPU only); "flex" is vLLM's FLEX_ATTENTION with the tree mask
 # (CUDA, and CPU through vllm_echo/plugin/cpu_flex_attention.py).
@@ -76,19 +74,9 @@ class EchoSettings:
             platform's default, filled in by the glue before the engine starts.
 
     ECHO only (``method="echo"``):
-        k_max: verification budget per step for the whole batch, in draft tokens
-            (Σ K_i <= k_max). None: chosen every step from the measured cost of a
-            forward pass versus tokens verified (fitted during warm-up).
-        delta: AUC a depth needs to become a gating "sweet spot", in (0.5, 1).
-        max_sweet_spots: at most this many gated depths.
-        calibration_steps: verify steps of warm-up before sweet spots and
-            thresholds are calibrated and frozen (documented defaults before).
-        gating: "sparse" (gate only at sweet spots) or "dense" (ablation: every depth).
-        fixed_tau: ablation: one threshold for all sweet spots (true = 0.2, or a
-            probability); false = per-depth calibrated thresholds.
-        shared_budget: ablation switch: false gives every request a fixed K (its
-            cap, num_speculative_tokens, or k_max // B when k_max is set) instead of
-            one batch budget; every request with candidates then drafts.
+        k_max: a fixed verification budget per step for the whole batch, in draft
+            tokens: the k_max most likely nodes. None: chosen every step by expected
+            tokens per second under the step-cost curve (vllm_echo.algos.echo).
     """
 
     method: str = "logitspec"
@@ -100,12 +88,6 @@ class EchoSettings:
     tree: bool = True
     tree_attention: str | None = None
     k_max: int | None = None
-    delta: float = 0.75
-    max_sweet_spots: int = 3
-    calibration_steps: int = 256
-    gating: str = "sparse"
-    fixed_tau: bool | float = False
-    shared_budget: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -129,11 +111,9 @@ class EchoSettings:
                 raise SpeculativeConfigError(
                     f"speculative_config: {name}={value!r} is out of range; allowed: {allowed}")
 
-        for name in ("tree", "shared_budget"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise SpeculativeConfigError(f"speculative_config: {name}={value!r} has type "
-                                 f"{type(value).__name__}; expected true or false")
+        if not isinstance(self.tree, bool):
+            raise SpeculativeConfigError(f"speculative_config: tree={self.tree!r} has type "
+                                         f"{type(self.tree).__name__}; expected true or false")
         if self.tree_attention is not None and self.tree_attention not in TREE_ATTENTION_MODES:
             raise SpeculativeConfigError(
                 f"speculative_config: tree_attention={self.tree_attention!r} is invalid; "
@@ -148,18 +128,6 @@ class EchoSettings:
         if self.k_max is not None and (isinstance(self.k_max, bool)
                                        or not isinstance(self.k_max, int) or self.k_max < 1):
             bad("k_max", "an integer >= 1, or null for the measured default")
-        if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) \
-                or not 0.5 < self.delta < 1:
-            bad("delta", "a number in (0.5, 1)")
-        for name, low, high in (("max_sweet_spots", 1, 16), ("calibration_steps", 1, 10**7)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-                bad(name, f"an integer in [{low}, {high}]")
-        if self.gating not in GATING_MODES:
-            bad("gating", " or ".join(map(repr, GATING_MODES)))
-        tau = self.fixed_tau
-        if not isinstance(tau, bool) and (not isinstance(tau, (int, float)) or not 0 < tau < 1):
-            bad("fixed_tau", "true, false or a probability in (0, 1)")
 
     @classmethod
     def field_names(cls) -> frozenset[str]:
@@ -182,12 +150,6 @@ class EchoSettings:
                 f"speculative_config: unknown key(s) {', '.join(map(repr, unknown))} for "
                 f"method {method!r}{hint}; allowed: {', '.join(sorted(known))}")
         return cls(**dict(raw))
-
-    @property
-    def fixed_tau_value(self) -> float | None:
-        if self.fixed_tau is False:
-            return None
-        return 0.2 if self.fixed_tau is True else float(self.fixed_tau)
 
     @property
     def max_drafts(self) -> int:

@@ -107,16 +107,18 @@ def test_simulate_smoke(tmp_path: Path) -> None:
     results = report["methods"]
     assert results["none"]["tokens_per_step"] == pytest.approx(1.0)
     assert results["none"]["modeled_speedup"] == pytest.approx(1.0)
-    assert {f"echo (batch 1, capacity {CPU_ECHO_CAPACITY})",
-            "echo chain mode (batch 1)"} <= results.keys()
+    assert {f"echo chain (capacity {CPU_ECHO_CAPACITY})",
+            f"echo tree (capacity {CPU_ECHO_CAPACITY})"} <= results.keys()
     for name, row in results.items():
         assert {"tokens_per_step", "drafted_per_step", "steps", "tokens",
                 "modeled_speedup"} <= row.keys(), name
         assert row["tokens_per_step"] >= 1.0 and row["modeled_speedup"] > 0
-    # ECHO against its ablations and the fixed-K drafters, per cost curve and batch size
+    # ECHO (with and without a start-up curve, in its other mode) against the fixed-K
+    # drafters, per cost curve and batch size
     cells = {(r["cost"], r["batch"], r["method"]) for r in report["batches"]}
-    assert len(cells) == len(report["batches"]) == 2 * 2 * 6
-    assert ("cpu", 3, "echo-no-shared-budget") in cells
+    assert len(cells) == len(report["batches"]) == 2 * 2 * 5
+    assert ("cpu", 3, "echo, no start-up curve") in cells
+    assert ("cpu", 3, "echo, trees") in cells and ("cpu", 1, "echo") in cells
     assert all(r["modeled_speedup"] > 0 and r["tokens_per_step"] >= 1.0
                for r in report["batches"])
 

@@ -68,3 +68,26 @@ def test_cpu_cost_is_the_measured_curve() -> None:
         34.0 + 6.05 * 24 + 1.8 * 10 + 0.25 * simulate.CPU_B1_STEP_MS)
     assert simulate.hinge_step_ms(64, 192, 5) == 1.0
     assert simulate.hinge_step_ms(64, 448, 0) == 2.0
+
+
+def test_echo_replays_the_engines_planner_and_learns() -> None:
+    """The replay's ECHO is the class the engine runs. On prompts the reply copies, with
+    free verification it drafts and gets drafts accepted; where verification costs far
+    more than any draft can bring, it drafts only the probes."""
+    from vllm_echo.algos.echo import EchoPlanner
+
+    text = list(range(10, 40))
+    rows = [{"prompt_ids": text, "output_ids": text * 2,
+             "topk_ids": [[0]] * 60, "topk_logprobs": [[-0.1]] * 60}]
+    drafter = simulate.EchoDrafter(capacity=16, trees=False, curve=lambda n: 1.0)
+    assert isinstance(drafter.planner, EchoPlanner)
+    free = simulate.replay(rows, drafter, batch=1, cost=lambda *_: 1.0)
+    assert free["tokens_per_step"] > 3 and drafter.planner.snapshot()["accepted"] > 0
+
+    def dear(num_requests, num_drafts, num_trees):
+        return 1.0 + 100.0 * num_drafts
+
+    drafter = simulate.EchoDrafter(16, False, simulate.startup_curve(dear))
+    simulate.replay(rows, drafter, batch=1, cost=dear)
+    snap = drafter.planner.snapshot()
+    assert snap["drafted_steps"] == snap["probes"] > 0

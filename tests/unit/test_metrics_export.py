@@ -16,9 +16,10 @@ SNAPSHOT = {
     "tokens_retrieval": 4, "tokens_logits": 0, "tokens_tree": 36,
     "accepted_retrieval": 2, "accepted_logits": 0, "accepted_tree": 8,
     "failures": {"propose:ValueError": 3},
-    "echo": {"k_max": 12, "budget_used_mean": 5.5, "budget_fill": 0.5, "draft_utilization": 0.25,
-             "accepted_per_depth": [6, 2], "drafted_per_depth": [20, 16],
-             "truncations_per_depth": [1, 0], "sweet_spots": [1, 3], "taus": [0.05, 0.1]},
+    "echo": {"last_budget": 12, "draft_utilization": 0.25, "drafted": 36, "accepted": 8,
+             "probes": 1, "cost_curve_ms": {"1": 30.0, "2": 32.0},
+             "rates": {"retrieved": [[0.4, 0.6], [0.7, 0.8]], "head": [0.1, 0.05],
+                       "trials": [3.0] * 6}},
 }
 
 
@@ -68,9 +69,11 @@ def test_published_snapshot_becomes_prometheus_series(tmp_path):
     assert got[series("vllm_echo:failures_total", kind="propose:ValueError")] == 3
     assert got[series("vllm_echo:tracked_requests")] == 2
     assert got[series("vllm_echo:state_bytes")] == 4096
-    assert got[series("vllm_echo:echo_accepted_tokens_total", depth="2")] == 2
-    assert got[series("vllm_echo:echo_gate_threshold", depth="3")] == 0.1
+    assert got[series("vllm_echo:echo_accepted_tokens_total")] == 8
     assert got[series("vllm_echo:echo_k_max")] == 12
+    assert got[series("vllm_echo:echo_step_cost_seconds", tokens="2")] == 0.032
+    assert got[series("vllm_echo:echo_acceptance_rate", source="retrieved", bucket="2")] == 0.7
+    assert got[series("vllm_echo:echo_acceptance_rate", source="head", bucket="1")] == 0.05
 
     source.value = {**SNAPSHOT, "steps": 9}  # published again only when it changed
     deadline = time.monotonic() + 5

@@ -25,17 +25,17 @@ def clock(monkeypatch):
 def test_cycle_runs_to_the_next_prepared_step(clock):
     seen = []
     timer = StepTimer(lambda *sample: seen.append(sample))
-    timer.started(5, 0, True)          # step 1 prepared at t = 0
+    timer.started(5)                   # step 1 prepared at t = 0
     clock.now = 0.030
     timer.stopped()                    # its propose ends at 30 ms
     clock.now = 0.040
-    timer.started(1, 0, False)         # step 2 prepared: step 1 took 40 ms in all
-    assert seen == [(5, pytest.approx(0.040), 0, True, False)]  # follows nothing timed
+    timer.started(1)                   # step 2 prepared: step 1 took 40 ms in all
+    assert seen == [(5, pytest.approx(0.040))]
     clock.now = 0.070
     timer.stopped()
     clock.now = 0.075
     timer.skip()                       # a prefill step also closes step 2's cycle
-    assert seen[-1] == (1, pytest.approx(0.035), 0, False, True)  # 40 to 75 ms, adjacent
+    assert seen[-1] == (1, pytest.approx(0.035))  # 40 to 75 ms
     clock.now = 0.200
     timer.stopped()                    # nothing started: nothing to time
     timer.started(3)
@@ -43,8 +43,8 @@ def test_cycle_runs_to_the_next_prepared_step(clock):
     clock.now = 0.230
     timer.stopped()
     clock.now = 0.240
-    timer.started(3)                   # after the prefill: timed, but adjacent to nothing
-    assert seen[-1] == (3, pytest.approx(0.040), 0, False, False)
+    timer.started(3)
+    assert seen[-1] == (3, pytest.approx(0.040))
 
 
 def test_an_idle_engine_is_not_counted_as_step_time(clock):

@@ -20,9 +20,9 @@ BATCH1_PROMPTS = 12
 BATCH1_MAX_TOKENS = 32
 SPECS = {  # (small trees on flex, capacity 4: test_sampled_distribution.py)
     "logitspec-cap32": {"method": "logitspec", "capacity": 32},
-    # a fixed budget keeps the trees the planner selects (left to its cost model, ECHO
-    # verifies mostly chains on this CPU)
-    "echo": {"method": "echo", "k_max": 16},
+    # trees asked for (ECHO verifies chains on the CPU by default), and a fixed budget
+    # keeps the trees the rule selects (left to the cost curve, few pay on this CPU)
+    "echo": {"method": "echo", "tree": True, "k_max": 16},
 }
 
 

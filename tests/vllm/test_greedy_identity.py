@@ -44,12 +44,13 @@ def test_logitspec_chain_mode_greedy_identical(model_path, spec_bench_16, refere
 
 
 def test_echo_greedy_identical_and_reports_statistics(model_path, spec_bench_16, reference):
-    got, counters, stats = _run(model_path, spec_bench_16,
-                                {"method": "echo", "calibration_steps": 64})
+    got, counters, stats = _run(model_path, spec_bench_16, {"method": "echo"})
     _assert_identical(got, reference)
     echo = stats["echo"]
     assert counters["vllm:spec_decode_num_accepted_tokens"] > 0
     assert echo["accepted"] > 0 and echo["drafted"] >= echo["accepted"], echo
     assert 0 < echo["draft_utilization"] <= 1
-    assert echo["cost_model"] is not None  # the budget follows the measured cost curve
-    assert echo["sweet_spots"] and len(echo["sweet_spots"]) == len(echo["taus"])
+    # the rule priced steps with a curve the timed decode steps corrected
+    assert echo["cost_steps"] > 0 and echo["cost_curve_ms"], echo
+    # acceptance rates learned from verdicts (some bucket has trials)
+    assert max(echo["rates"]["trials"]) > 0, echo

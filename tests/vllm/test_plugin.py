@@ -53,14 +53,24 @@ def test_method_becomes_custom_class_with_settings_in_additional_config(model_pa
     assert (ours["method"], ours["max_ngram"], ours["span"], ours["topk"]) == (method, 2, 10, 64)
     # the CPU default tree sizes come from the measured cost curve
     assert ours["capacity"] == (CPU_LOGITSPEC_CAPACITY if method == "logitspec" else CPU_ECHO_CAPACITY)
-    # on CPU plain LogitSpec verifies chains unless trees are asked for; ECHO chooses
-    assert ours["tree"] is (method == "echo")
+    # on CPU both methods verify chains unless trees are asked for
+    assert ours["tree"] is False
 
 
-def test_logitspec_trees_on_cpu_when_asked_for(model_path):
-    for spec in ({"method": "logitspec", "tree": True}, {"method": "logitspec", "capacity": 16}):
+@pytest.mark.parametrize("method", ["logitspec", "echo"])
+def test_trees_on_cpu_when_asked_for(model_path, method):
+    for spec in ({"method": method, "tree": True}, {"method": method, "capacity": 16}):
         ours = _engine_config(model_path, spec).additional_config[ADDITIONAL_CONFIG_KEY]
         assert ours["tree"] is True, spec
+
+
+def test_echo_chains_on_cpu_are_sized_by_echo_up_to_its_forest(model_path):
+    """LogitSpec's CPU chains are short (K = 4); ECHO's K is only a cap on the root path
+    it picks from its forest."""
+    cfg = _engine_config(model_path, {"method": "echo"})
+    assert cfg.speculative_config.num_speculative_tokens == CPU_ECHO_CAPACITY - 1
+    cfg = _engine_config(model_path, {"method": "logitspec"})
+    assert cfg.speculative_config.num_speculative_tokens == 4
 
 
 def test_tree_attention_defaults_to_the_platform_and_is_checked_against_it(monkeypatch):

@@ -47,8 +47,8 @@ SPECS = {  # name: speculative config, engine arguments, sampling kinds
     # the same trees under FLEX_ATTENTION's tree mask and slot compaction (CI time: one kind)
     "logitspec-flex": ({"method": "logitspec", "capacity": 4, "span": 1, "tree_attention": "flex"},
                        {}, ("temperature",)),
-    # ECHO drafts where its cost model says it pays, a small batch; its trees share
-    # the verifier above, its chains go to vLLM's rejection sampler (CI time: one kind)
+    # ECHO drafts where its cost curve says it pays, a small batch; its chains (the CPU
+    # default) go to vLLM's rejection sampler (CI time: one kind)
     "echo": ({"method": "echo", "span": 1}, {"max_num_seqs": 32}, ("temperature",)),
 }
 

@@ -47,7 +47,7 @@ def three_ranks(monkeypatch):
 @pytest.mark.parametrize("spec", [
     # ECHO's plans depend on each process's step timing: what corrupted output before
     # rank 0 drafted and planned for every rank
-    {"method": "echo", "calibration_steps": 32},
+    {"method": "echo"},
     # LogitSpec's trees: the same forests, without a timing-dependent plan
     {"method": "logitspec", "capacity": 16},
 ], ids=["echo", "logitspec"])

@@ -19,16 +19,16 @@ from vllm_echo.config import (ADDITIONAL_CONFIG_KEY, DEFAULT_NUM_SPECULATIVE_TOK
 logger = logging.getLogger("vllm.vllm_echo")
 
 # On a CPU every verified token is compute and each root path off a tree's first
-# branch costs another kernel call over the context: trees pay where answers copy the
-# prompt and lose where they don't, so plain LogitSpec verifies one chain per request
-# there unless the user asks for trees ("tree": true or a "capacity"); trees asked for
-# without a capacity get the smallest that paid (benchmarks/README.md). ECHO chooses
-# trees or chains per step from the measured cost. GPUs keep the reference trees of
+# branch costs another kernel call over the context (the native tree path costs 7-31%
+# over a chain of the same size): trees pay where answers copy the prompt and lose
+# where they don't, so both methods verify one chain per request there unless the user
+# asks for trees ("tree": true or a "capacity"); trees asked for without a capacity get
+# the smallest that paid (benchmarks/README.md). GPUs keep the reference trees of
 # capacity 64.
 CPU_LOGITSPEC_CAPACITY = 8
-# ECHO sizes its drafts itself; on the CPU it verifies long chains only where answers
-# copy the prompt (there a 16-node forest capped them), never 64-node forests, whose
-# drafting and planning would be work for nothing (benchmarks/README.md, matrix).
+# ECHO sizes its drafts itself: on the CPU it picks each request's best root path of a
+# 32-node forest (long chains only where answers copy the prompt), never 64-node
+# forests, whose drafting and planning would be work for nothing.
 CPU_ECHO_CAPACITY = 32
 # Tree attention on the CPU when the user names none ("tree_attention"); CUDA has
 # only "flex".
@@ -71,7 +71,7 @@ def rewrite(spec: dict[str, Any], additional_config: dict[str, Any] | None,
     ours = {k: v for k, v in spec.items() if k not in VLLM_PASSTHROUGH_KEYS}
     on_cpu = _on_cpu()
     if "capacity" not in ours and on_cpu:
-        if method == "logitspec" and "tree" not in ours:
+        if "tree" not in ours:
             ours["tree"] = False
         ours["capacity"] = CPU_LOGITSPEC_CAPACITY if method == "logitspec" else CPU_ECHO_CAPACITY
     settings = EchoSettings.from_dict(ours)
@@ -95,9 +95,10 @@ def rewrite(spec: dict[str, Any], additional_config: dict[str, Any] | None,
             ours["tree"] = False
     if "num_speculative_tokens" in spec:
         k_drafts = spec["num_speculative_tokens"]
-    else:  # tree mode: room for the whole forest; chain mode: a short chain
+    else:  # trees, and ECHO, which sizes its drafts: the forest; LogitSpec chains: short
         tree = ours.get("tree", True)
-        k_drafts = settings.capacity - 1 if tree else DEFAULT_NUM_SPECULATIVE_TOKENS
+        k_drafts = (settings.capacity - 1 if tree or method == "echo"
+                    else DEFAULT_NUM_SPECULATIVE_TOKENS)
     settings = EchoSettings.from_dict({**ours, "num_speculative_tokens": k_drafts})
     vocab_size = _vocab_size(model_config)
     if vocab_size is not None:

@@ -134,18 +134,13 @@ _BY_SOURCE = {
     "accepted": ("vllm_echo:accepted_tokens", "accepted draft tokens, by draft source"),
 }
 _ECHO_SCALARS = {
-    "k_max": ("vllm_echo:echo_k_max", "gauge", "ECHO's batch verification budget last step"),
-    "budget_used_mean": ("vllm_echo:echo_budget_used_mean", "gauge",
-                         "mean draft tokens verified per step"),
-    "budget_fill": ("vllm_echo:echo_budget_fill", "gauge", "share of the budget ECHO used"),
+    "last_budget": ("vllm_echo:echo_k_max", "gauge", "draft tokens ECHO verified last step"),
     "draft_utilization": ("vllm_echo:echo_draft_utilization", "gauge",
                           "accepted / drafted tokens under ECHO"),
-}
-_ECHO_PER_DEPTH = {
-    "accepted_per_depth": ("vllm_echo:echo_accepted_tokens", "accepted draft tokens by depth"),
-    "drafted_per_depth": ("vllm_echo:echo_drafted_tokens", "drafted tokens by depth"),
-    "truncations_per_depth": ("vllm_echo:echo_gate_truncations",
-                              "trees the confidence gate cut at this depth"),
+    "drafted": ("vllm_echo:echo_drafted_tokens", "counter", "draft tokens ECHO verified"),
+    "accepted": ("vllm_echo:echo_accepted_tokens", "counter", "draft tokens of ECHO accepted"),
+    "probes": ("vllm_echo:echo_probes", "counter",
+               "steps that drafted only because none had for a while (ECHO's probe)"),
 }
 
 
@@ -184,15 +179,18 @@ def metric_families(snapshots: list[tuple[str, str, dict]]) -> list:
         for key, (name, kind, doc) in _ECHO_SCALARS.items():
             if echo.get(key) is not None:
                 add(name, kind, doc, base, echo[key])
-        for key, (name, doc) in _ECHO_PER_DEPTH.items():
-            for depth, value in enumerate(echo.get(key) or [], start=1):
-                add(name, "counter", doc, {**base, "depth": str(depth)}, value)
-        for i, depth in enumerate(echo.get("sweet_spots") or []):
-            taus = echo.get("taus") or []
-            if i < len(taus):
-                add("vllm_echo:echo_gate_threshold", "gauge",
-                    "confidence threshold tau at each calibrated sweet-spot depth",
-                    {**base, "depth": str(depth)}, taus[i])
+        for tokens, ms in (echo.get("cost_curve_ms") or {}).items():
+            add("vllm_echo:echo_step_cost_seconds", "gauge",
+                "decode step time by tokens verified, as ECHO's cost curve has it",
+                {**base, "tokens": str(tokens)}, ms / 1e3)
+        rates = echo.get("rates") or {}
+        for source in ("retrieved", "head"):
+            flat = [x for row in rates.get(source) or [] for x in
+                    (row if isinstance(row, list) else [row])]
+            for bucket, rate in enumerate(flat):
+                add("vllm_echo:echo_acceptance_rate", "gauge",
+                    "ECHO's conditional acceptance rate per source and bucket",
+                    {**base, "source": source, "bucket": str(bucket)}, rate)
     return list(families.values())
 
 

@@ -43,6 +43,7 @@ SOURCE_CHAIN = 4  # ECHO: a root path its planner chose, verified natively as a 
 # kind "propose:TimeoutError", logged once). Normal drafting takes well under 10 ms
 # even at batch 64 with 8k contexts (benchmarks/micro_proposer.py).
 PROPOSE_DEADLINE_S = 0.1
+_NO_TOKENS = np.empty(0, dtype=np.int32)
 _SOURCE_NAMES = {SOURCE_RETRIEVAL: "retrieval", SOURCE_LOGITS: "logits", SOURCE_TREE: "tree",
                  SOURCE_CHAIN: "chain"}
 
@@ -213,38 +214,58 @@ class LogitSpecProposer:
             self.tree_context.trees.clear()
 
     def _propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu):
+        """One loop over the batch for both methods: :meth:`_begin_step` once, then
+        :meth:`_draft_request` per request (a request that fails goes without drafts
+        this step, the others keep theirs), then :meth:`_end_step` over the results."""
         batch = self._runner.input_batch
         req_ids = batch.req_ids
         self._release_finished(batch.req_id_to_index)
-        candidates = self._last_logits.rows_for(req_ids)
-        no_candidates = np.empty(0, dtype=np.int32)
-        drafts: list[list[int]] = []
         self.stats.steps += 1
+        trees = self.tree_context.trees
+        step = self._begin_step(req_ids, sampled_token_ids)
+        items: list[Any] = [None] * len(sampled_token_ids)
         deadline = StepDeadline(self._log_failure)
         for i, sampled in enumerate(sampled_token_ids):
             req_id = req_ids[i]
+            trees.pop(req_id, None)  # a draft of this step sets it again
             length = int(num_tokens_no_spec[i])
             # Drafts must fit: the bonus token plus K drafts stay within max_model_len.
             max_len = min(self.num_speculative_tokens, self.max_model_len - length - 1)
-            if not sampled or max_len <= 0 or deadline.passed():
-                self.tree_context.trees.pop(req_id, None)
-                drafts.append([])
+            if step is None or not sampled or max_len <= 0 or deadline.passed():
                 continue
             try:
                 state = self._sync_state(req_id, token_ids_cpu[i], length)
-                self._count_accepted(state, len(sampled) - 1)
-                cand = candidates[i] if candidates is not None else no_candidates
-                tokens, source = self._draft(req_id, state, cand, max_len)
-                self._count_draft(state, len(tokens), source)
+                items[i] = self._draft_request(step, i, req_id, state, max_len, len(sampled) - 1)
             except Exception as exc:  # only this request goes without drafts this step
                 self._log_failure("propose", exc)
-                self.tree_context.trees.pop(req_id, None)
+                trees.pop(req_id, None)
                 self._states.pop(req_id, None)  # rebuilt from the token row next step
-                tokens = no_candidates
-            drafts.append(tokens.tolist())
+                items[i] = None
+        drafts = self._end_step(req_ids, items)
         self.stats.peak_tracked_requests = max(self.stats.peak_tracked_requests,
                                                len(self._states))
         return drafts
+
+    def _begin_step(self, req_ids: list[str], sampled_token_ids: list[list[int]]
+                    ) -> tuple[np.ndarray | None, np.ndarray | None] | None:
+        """The step's input to :meth:`_draft_request`, or None if no request drafts:
+        the top-k token ids of every request's last logits and their log-probabilities
+        (either None when not captured)."""
+        return self._last_logits.rows_for(req_ids), None
+
+    def _draft_request(self, step: tuple, i: int, req_id: str, state: _RequestState,
+                       max_len: int, accepted: int) -> Any:
+        """Request ``i``'s draft (here its token ids; trees are recorded on the way)."""
+        self._count_accepted(state, accepted)
+        top_ids = step[0]
+        tokens, source = self._draft(req_id, state, _NO_TOKENS if top_ids is None else top_ids[i],
+                                     max_len)
+        self._count_draft(state, len(tokens), source)
+        return tokens
+
+    def _end_step(self, req_ids: list[str], items: list[Any]) -> list[list[int]]:
+        """The step's drafts for vLLM, from the per-request results (None: no draft)."""
+        return [[] if tokens is None else tokens.tolist() for tokens in items]
 
     def _draft(self, req_id: str, state: _RequestState, candidates: np.ndarray,
                max_len: int) -> tuple[np.ndarray, int]:
@@ -255,9 +276,7 @@ class LogitSpecProposer:
             if len(tokens):
                 trees[req_id] = TreeDraft(tokens, parents)
                 return tokens, SOURCE_TREE
-            trees.pop(req_id, None)
             return tokens, 0
-        trees.pop(req_id, None)
         if self.tree_enabled:  # a request that needs chain verification in tree mode
             max_len = min(max_len, DEFAULT_NUM_SPECULATIVE_TOKENS)
         return first_chain(state.index, candidates, max_len)

@@ -58,7 +58,7 @@ def install_prepare_hook(runner: Any, tree_context: TreeContext,
                 on_error("tree step preparation", exc)
             if timer is not None:
                 try:
-                    _time_step(timer, scheduler_output, context.step)
+                    _time_step(timer, scheduler_output)
                 except Exception as exc:
                     on_error("step timing", exc)
                     timer.skip()
@@ -68,7 +68,7 @@ def install_prepare_hook(runner: Any, tree_context: TreeContext,
     wrap_runner_method(runner, "_prepare_inputs", PREPARE_PARAMS, on_drift, make_wrapper)
 
 
-def _time_step(timer: Any, scheduler_output: Any, step: StepTrees | None) -> None:
+def _time_step(timer: Any, scheduler_output: Any) -> None:
     num_drafts = sum(map(len, scheduler_output.scheduled_spec_decode_tokens.values()))
     total = scheduler_output.total_num_scheduled_tokens
     # Only decode steps (each request runs its last token and its drafts) are
@@ -76,7 +76,7 @@ def _time_step(timer: Any, scheduler_output: Any, step: StepTrees | None) -> Non
     # tokens) would decide the fit and price a draft token at the prompt's rate,
     # far below what a few drafts really add to a decode step.
     if total == len(scheduler_output.num_scheduled_tokens) + num_drafts:
-        timer.started(int(total), len(step.trees) if step is not None else 0, num_drafts > 0)
+        timer.started(int(total))
     else:
         timer.skip()
 

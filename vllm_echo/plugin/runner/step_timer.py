@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Decode step times for ECHO's cost model."""
+"""Decode step times for ECHO's step-cost curve."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Callable
 
 
 class StepTimer:
-    """Decode step time vs its size, for ECHO's cost model: a step's cycle, from the
+    """Decode step time vs its size, for ECHO's step-cost curve: a step's cycle, from the
     end of its ``_prepare_inputs`` (``started``) to the end of the next step's
     (``started`` or ``skip``). That is forward, sampling (the rejection sampler when
     the step has drafts), drafting, and the engine's scheduling and output processing,
@@ -16,23 +16,19 @@ class StepTimer:
     forward alone put a step at 76-80 ms, against about 120 ms of wall time per decode
     step). A cycle whose gap after ``propose`` is over
     ``max_gap_ratio`` times the step's own work is dropped: the engine was idle (no
-    requests), not working. Fed to ``sink(num_tokens, seconds, num_trees, drafted,
-    adjacent)``, ``adjacent`` telling whether the cycle began where the previous one fed
-    to it ended (no prefill, idle time or dropped cycle between them).
+    requests), not working. Fed to ``sink(num_tokens, seconds)``.
     """
 
-    def __init__(self, sink: Callable[[int, float, int, bool, bool], None],
-                 max_gap_ratio: float = 3.0):
+    def __init__(self, sink: Callable[[int, float], None], max_gap_ratio: float = 3.0):
         self.sink = sink
         self.max_gap_ratio = max_gap_ratio
-        self._start: tuple[int, int, bool, float] | None = None
+        self._start: tuple[int, float] | None = None
         self._stopped_at: float | None = None  # end of the started step's propose
-        self._last_end: float | None = None  # end of the last cycle fed to the sink
 
-    def started(self, num_tokens: int, num_trees: int = 0, drafted: bool = False) -> None:
+    def started(self, num_tokens: int) -> None:
         now = time.perf_counter()
         self._close(now)
-        self._start = (num_tokens, num_trees, drafted, now)
+        self._start = (num_tokens, now)
 
     def skip(self) -> None:
         """A step that is not timed (it prefills) ends the previous one's cycle."""
@@ -48,8 +44,7 @@ class StepTimer:
         self._start = self._stopped_at = None
         if start is None or stopped_at is None:
             return
-        num_tokens, num_trees, drafted, t0 = start
+        num_tokens, t0 = start
         if now - stopped_at <= self.max_gap_ratio * (stopped_at - t0):
-            self.sink(num_tokens, now - t0, num_trees, drafted, t0 == self._last_end)
-            self._last_end = now
+            self.sink(num_tokens, now - t0)
 
