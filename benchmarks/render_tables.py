@@ -131,6 +131,8 @@ def render_replay() -> str:
     batches = sorted({r["batch"] for r in report["batches"]})
     by_cell: dict[tuple[str, str], dict[int, dict]] = {}
     for r in report["batches"]:
+        if r["method"].startswith("echo-"):  # ablations of switches ECHO no longer has
+            continue
         by_cell.setdefault((r["cost"], r["method"]), {})[r["batch"]] = r
     rows = ["| step cost | method | " + " | ".join(f"batch {b}" for b in batches) + " |",
             "|---|---|" + "---|" * len(batches)]
