@@ -52,8 +52,9 @@ def provenance(name: str, link_from: str = "benchmarks/") -> str:
     src = _sources()[name]
     dirty = " (with local changes)" if src.get("dirty") else ""
     target = f"benchmarks/published/{RESULT_FILES[name]}"
-    return (f"Measured at commit `{src['commit'][:7]}`{dirty} on {src['date']}, "
-            f"{src['machine']}, vLLM {src['vllm']}, by `{src['command']}` "
+    machine = src["machine"].replace(" (", ", ").rstrip(")")
+    return (f"From commit `{src['commit'][:7]}`{dirty} ({src['date']}; {machine}; "
+            f"vLLM {src['vllm']}): `{src['command']}` "
             f"([result file]({target[len(link_from):] if link_from else target})).")
 
 

@@ -15,9 +15,10 @@ then two lines reading it. ``--check`` exits with status 1 if any output differs
 ``--json PATH`` also writes the numbers (benchmarks/render_tables.py renders the
 README's table from such a file).
 
-Quiet by default: vLLM logs errors only and Python's warnings are off, in this
+Quiet by default: vLLM logs errors only, Python's warnings are off, the C++ runtime
+logs errors only (TORCH_CPP_LOG_LEVEL) and no weight-loading bar is drawn, in this
 process and the engine processes it starts (an environment variable the user set
-wins). ``--verbose`` keeps vLLM's warnings and Python's warnings, as before.
+wins). ``--verbose`` prints all of them, as before.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import os
 import sys
 import time
@@ -48,11 +50,26 @@ def quiet(verbose: bool) -> None:
     """The table is the output; vLLM's start-up log and routine warnings would bury it.
 
     Environment variables reach the engine processes vLLM starts; errors still print
-    in full (vLLM's ERROR level, Python's tracebacks)."""
+    in full (vLLM's ERROR level, Python's tracebacks, C++ errors)."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING" if verbose else "ERROR")
     if not verbose:
         os.environ.setdefault("PYTHONWARNINGS", "ignore")
         warnings.simplefilter("ignore")
+        # The C++ runtime's notices (NUMA binding, tcmalloc): torch's c10 log level.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    vllm_log_level_before_import()
+
+
+def vllm_log_level_before_import() -> None:
+    """vLLM sets its logger's level only when an engine starts; what it logs while it is
+    imported would print unformatted whatever VLLM_LOGGING_LEVEL says. vLLM's engine
+    processes start this file again as their main module, so this runs in each."""
+    level = os.environ.get("VLLM_LOGGING_LEVEL", "")
+    if level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        logging.getLogger("vllm").setLevel(level.upper())
+
+
+vllm_log_level_before_import()
 
 
 def accepted_tokens(llm) -> int:
@@ -78,13 +95,13 @@ def timed(llm, chats, params, one_at_a_time: bool) -> dict:
             "tpf": tokens / max(tokens - accepted, 1)}
 
 
-def run_method(model: str, spec, workloads, batch: int) -> dict:
+def run_method(model: str, spec, workloads, batch: int, verbose: bool = False) -> dict:
     from vllm import LLM, SamplingParams
 
     # A fixed KV cache instead of a share of the machine's memory: starts wherever 1 GiB is free.
     llm = LLM(model, speculative_config=spec, dtype="float32", enforce_eager=True,
               max_model_len=2048, max_num_seqs=batch, seed=0, disable_log_stats=False,
-              kv_cache_memory_bytes=2**30)
+              kv_cache_memory_bytes=2**30, use_tqdm_on_load=verbose)
     try:
         results = {}
         for name, (chats, max_tokens, one_at_a_time) in workloads.items():
@@ -226,7 +243,8 @@ def main() -> None:
     with tqdm(methods, desc="methods", unit="engine", file=sys.stderr) as bar:
         for method in bar:
             bar.set_postfix_str(method)
-            results[method] = run_method(model, METHODS[method], workloads, args.batch)
+            results[method] = run_method(model, METHODS[method], workloads, args.batch,
+                                         args.verbose)
     summary = summarize(results)
     setup = {"single_prompts": len(workloads["batch 1"][0]), "max_tokens": args.max_tokens,
              "batch": args.batch, "loaded_prompts": len(chats)}

@@ -4,9 +4,9 @@
 # (examples/offline_generate.py: --check, --batch, --single-prompts, --json, ...).
 #
 # Quiet by default: pip installs quietly, vLLM logs errors only, Python's warnings
-# are off, and the C++ runtime's notices on stderr (tcmalloc, NUMA) are not printed
-# (VLLM_ECHO_CXX_NOTICES=1 prints them). Errors print in full. --verbose prints
-# everything, as the scripts did before they were quiet.
+# are off, and the C++ runtime logs errors only (its NUMA and tcmalloc notices:
+# TORCH_CPP_LOG_LEVEL=WARNING prints them). A variable set already wins; errors print
+# in full. --verbose prints everything, as the scripts did before they were quiet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 verbose=0
@@ -16,6 +16,7 @@ done
 if [ "$verbose" = 0 ]; then
   export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
   export VLLM_LOGGING_LEVEL="${VLLM_LOGGING_LEVEL:-ERROR}"
+  export TORCH_CPP_LOG_LEVEL="${TORCH_CPP_LOG_LEVEL:-ERROR}"
 fi
 VLLM_ECHO_VERBOSE="$verbose" bash scripts/bootstrap.sh
 # shellcheck disable=SC1091
