@@ -227,6 +227,26 @@ themselves off (same log line and counter) on a call they do not understand.
    Remove when: the contract hands the runner (or request ids and logits) to the
       proposer, e.g. ``load_model(model, runner)``.
 
+10. ``runner.initialize_kv_cache`` (instance attribute; ECHO only, from its proposer's
+   ``load_model``)
+   What: after the original, time ``runner._dummy_run(n)`` (three forwards per size,
+      the median kept) at n = 1, 2, 4, ... up to the most tokens a decode step can
+      verify (capped at 256), and give the points to ECHO's step-cost curve
+      (runner/cost_probe.py), with one log line of the curve and the seconds it took.
+   Why: ECHO prices a draft token by that curve from its first step instead of
+      learning it by exploring; the KV cache (and, compiled, the model) exists only
+      after this call, and the custom_class contract has no later hook.
+   Upstream: gpu_model_runner.py:7055 (initialize_kv_cache), :5508 (_dummy_run, what
+      vLLM's own warm-up and profile run call); cpu_worker.py:264 (the CPU worker's
+      compile and warm-up run before it).
+   Drift: a runner without ``initialize_kv_cache`` or ``_dummy_run`` (one log line),
+      or a probe that raises (a counted failure ``step cost probe``), leaves the curve
+      to be learned from real steps; the engine starts either way. Sizes are fixed, so
+      tensor-parallel ranks run the same forwards.
+   Remove when: vLLM times its own step costs for speculators (as Model Runner V2's
+      adaptive verification does from its captured graphs) and hands them to custom
+      proposers.
+
 Private vLLM attributes read (vLLM 0.32 names), where, and what happens without them:
 
 - Runner, probed in ``load_model`` (runner/access.probe_runner):

@@ -18,6 +18,7 @@ from vllm_echo.algos import echo
 from vllm_echo.algos.echo import Candidates, EchoPlanner, EchoTuning, Plan
 from vllm_echo.algos.forest import build_forest_nodes
 from vllm_echo.plugin.proposers.logitspec import LogitSpecProposer
+from vllm_echo.plugin.runner.cost_probe import install_cost_probe
 from vllm_echo.plugin.runner.step_timer import StepTimer
 from vllm_echo.plugin.runner.tree_state import TreeDraft
 
@@ -41,6 +42,31 @@ class EchoProposer(LogitSpecProposer):
         self._drafting = False  # whether this step drafts at all
         self._timer = StepTimer(self.planner.cost.observe)  # feeds the step-cost curve
         self.tree_context.record_paths = True  # the planner learns from tree verdicts
+
+    def load_model(self, model: Any) -> None:
+        super().load_model(model)
+        runner = self._runner
+        if self._no_spec is not None or runner is None:
+            return
+        if not (callable(getattr(runner, "initialize_kv_cache", None))
+                and callable(getattr(runner, "_dummy_run", None))):
+            self._hook_unavailable("initialize_kv_cache", "the runner has no "
+                                   "initialize_kv_cache or _dummy_run",
+                                   "a step-cost curve learned from real steps")
+            return
+        scheduler = self._vllm_config.scheduler_config
+        max_tokens = min(scheduler.max_num_batched_tokens,
+                         scheduler.max_num_seqs * (1 + self.num_speculative_tokens))
+        install_cost_probe(
+            runner, max_tokens, self._set_cost_curve, self._log_failure,
+            lambda hook, reason: self._hook_unavailable(
+                hook, reason, "a step-cost curve learned from real steps"))
+
+    def _set_cost_curve(self, sizes: np.ndarray, seconds: np.ndarray, took: float) -> None:
+        """The curve the start-up probe measured (runner/cost_probe.py)."""
+        self.planner.cost.set_curve(sizes, seconds)
+        logger.info("vllm-echo: ECHO measured the step cost at start-up in %.2f s: %s",
+                    took, self.planner.cost.describe())
 
     def _warm_up(self) -> None:
         super()._warm_up()
