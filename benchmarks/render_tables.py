@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the example this checkout renders imports vllm_echo
 PUBLISHED = REPO / "benchmarks" / "published"
 SOURCES = PUBLISHED / "sources.json"
 NOTES = PUBLISHED / "notes.json"
@@ -54,7 +55,7 @@ def provenance(name: str, link_from: str = "benchmarks/") -> str:
     target = f"benchmarks/published/{RESULT_FILES[name]}"
     machine = src["machine"].replace(" (", ", ").rstrip(")")
     return (f"From commit `{src['commit'][:7]}`{dirty} ({src['date']}; {machine}; "
-            f"vLLM {src['vllm']}): `{src['command']}` "
+            f"vLLM {src['vllm'].replace('+cpu', '')}): `{src['command']}` "
             f"([result file]({target[len(link_from):] if link_from else target})).")
 
 

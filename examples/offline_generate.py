@@ -223,7 +223,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None,
                         help="also write the table's numbers and the environment here")
     parser.add_argument("--verbose", action="store_true",
-                        help="also print vLLM's warnings and Python's warnings")
+                        help="also print vLLM's and Python's warnings, C++ notices, loading bars")
     args = parser.parse_args()
     quiet(args.verbose)
     methods = ["none"] + [m for m in args.methods if m != "none"]  # the reference first

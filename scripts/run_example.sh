@@ -3,10 +3,11 @@
 # ngram, logitspec and echo on the embedded model. Arguments go to the example
 # (examples/offline_generate.py: --check, --batch, --single-prompts, --json, ...).
 #
-# Quiet by default: pip installs quietly, vLLM logs errors only, Python's warnings
-# are off, and the C++ runtime logs errors only (its NUMA and tcmalloc notices:
-# TORCH_CPP_LOG_LEVEL=WARNING prints them). A variable set already wins; errors print
-# in full. --verbose prints everything, as the scripts did before they were quiet.
+# Quiet by default: pip installs quietly, vLLM logs errors only (its hints to preload
+# tcmalloc and libiomp included), Python's warnings are off, and the C++ runtime logs
+# errors only (its NUMA binding notice: TORCH_CPP_LOG_LEVEL=WARNING prints it). A
+# variable set already wins; errors print in full. --verbose prints everything, as the
+# scripts did before they were quiet.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 verbose=0
