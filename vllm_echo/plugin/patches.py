@@ -231,8 +231,9 @@ themselves off (same log line and counter) on a call they do not understand.
    ``load_model``)
    What: after the original, time ``runner._dummy_run(n)`` (three forwards per size,
       the median kept) at n = 1, 2, 4, ... up to the most tokens a decode step can
-      verify (capped at 256), and give the points to ECHO's step-cost curve
-      (runner/cost_probe.py), with one log line of the curve and the seconds it took.
+      verify (capped at 128; the curve extrapolates past it), and give the points to
+      ECHO's step-cost curve (runner/cost_probe.py), with one log line of the curve
+      and the seconds it took.
    Why: ECHO prices a draft token by that curve from its first step instead of
       learning it by exploring; the KV cache (and, compiled, the model) exists only
       after this call, and the custom_class contract has no later hook.
