@@ -13,6 +13,8 @@ so requests are preempted and resumed with trees in flight.
 import pytest
 import torch
 from engine_helpers import REFERENCE_MAX_TOKENS, engine, spec_counters
+from flat_cost_echo import KNEE
+from flat_cost_echo import speculative_config as flat_cost_echo
 
 from vllm_echo.plugin.proposers.logitspec import worker_stats
 
@@ -20,10 +22,20 @@ BATCH1_PROMPTS = 12
 BATCH1_MAX_TOKENS = 32
 SPECS = {  # (small trees on flex, capacity 4: test_sampled_distribution.py)
     "logitspec-cap32": {"method": "logitspec", "capacity": 32},
-    # trees asked for (ECHO verifies chains on the CPU by default), and a fixed budget
-    # keeps the trees the rule selects (left to the cost curve, few pay on this CPU)
-    "echo": {"method": "echo", "tree": True, "k_max": 16},
+    # trees asked for (ECHO verifies chains on the CPU by default), and default ECHO (no
+    # k_max) under a step-cost curve flat up to a knee (tests/vllm/flat_cost_echo.py):
+    # left to the curve it measures, ECHO rightly verifies few or no trees on this CPU
+    "echo-flat-cost": {"method": "echo", "tree": True},
 }
+
+
+def _engine_config(name):
+    """(speculative_config, extra engine kwargs) for SPECS[name] on the flex path."""
+    spec = {**SPECS[name], "tree_attention": "flex"}
+    if name == "echo-flat-cost":
+        spec, additional = flat_cost_echo(spec)
+        return spec, {"additional_config": additional}
+    return spec, {}
 
 
 def _greedy(max_tokens):
@@ -43,10 +55,10 @@ def _metric(llm, name):
 @pytest.mark.parametrize("name", list(SPECS))
 def test_flex_tree_attention_greedy_identical_to_no_speculation(
         model_path, spec_bench_16, greedy_reference, name):
-    spec = {**SPECS[name], "tree_attention": "flex"}
+    spec, extra = _engine_config(name)
     chats = [p.as_chat() for p in spec_bench_16]
     with engine(model_path, spec, max_num_seqs=8, kv_cache_memory_bytes=60 * 2**20,
-                max_model_len=1024) as llm:
+                max_model_len=1024, **extra) as llm:
         single, prompt_lengths = [], []
         for chat in chats[:BATCH1_PROMPTS]:
             out = llm.chat([chat], _greedy(BATCH1_MAX_TOKENS), use_tqdm=False)[0]
@@ -76,6 +88,13 @@ def test_flex_tree_attention_greedy_identical_to_no_speculation(
     assert counters["vllm:spec_decode_num_accepted_tokens"] > 0
     faults = {k: n for k, n in stats["failures"].items() if k != "propose:TimeoutError"}
     assert not faults, stats["failures"]
+    if name == "echo-flat-cost":
+        # the default rule, priced by the injected curve, drafted trees and stopped at
+        # the knee (its last budget: at most KNEE - 1 drafts, one request at the end)
+        echo = stats["echo"]
+        assert echo["trees"] and echo["k_max"] is None, echo
+        assert echo["tree_requests"] > 0 and echo["last_budget"] <= KNEE - 1, echo
+        assert stats["drafts_tree"] > 0 and stats["accepted_tree"] > 0, stats
 
 
 def test_torch_cache_write_matches_the_layout_flex_attention_reads():

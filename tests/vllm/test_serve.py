@@ -5,6 +5,10 @@ One no-spec server answers a battery of requests; each speculative server answer
 the same battery and must return exactly the same text (greedy, fp32). The
 speculative servers run with a small KV cache, so the 32 concurrent requests are
 preempted and resumed with trees in flight.
+
+A server verifying logitspec's trees under ``"tree_attention": "flex"`` (the GPU
+path, run on the CPU) answers a shorter battery (concurrent chats, streaming, n=2, a
+client abort), also identical to the no-spec server's answers.
 """
 
 from __future__ import annotations
@@ -137,6 +141,80 @@ def test_reference_battery_is_meaningful(expected):
     assert all(len(t) > 0 for t in expected["max_tokens_1"])
 
 
+# -- the GPU path's trees behind the server ------------------------------------------
+
+FLEX_SPEC = {"method": "logitspec", "capacity": 32, "tree_attention": "flex"}
+FLEX_CONCURRENT = 8
+FLEX_FEW = 2  # requests of each sequential kind
+
+
+def flex_battery(server: Server, questions: list[str]) -> dict:
+    """A short battery (a subset of ``battery``'s requests, same bodies): concurrent
+    chats, streaming, n=2 and a client that hangs up mid-stream."""
+    out: dict = {}
+    few = questions[:FLEX_FEW]
+    with ThreadPoolExecutor(FLEX_CONCURRENT) as pool:
+        out["chat_concurrent"] = list(pool.map(lambda q: chat(server, q, MAX_TOKENS),
+                                               questions[:FLEX_CONCURRENT]))
+    out["chat_streamed"] = [
+        stream(server, "chat/completions", {"messages": [{"role": "user", "content": q}],
+                                            "max_tokens": MAX_TOKENS, "temperature": 0})
+        for q in few]
+    out["completion"] = [
+        post(server, "completions", {"prompt": q, "max_tokens": MAX_TOKENS,
+                                     "temperature": 0})["choices"][0]["text"] for q in few]
+    out["completion_streamed"] = [
+        stream(server, "completions", {"prompt": q, "max_tokens": MAX_TOKENS, "temperature": 0})
+        for q in few]
+    n2 = post(server, "chat/completions", {"messages": [{"role": "user", "content": few[0]}],
+                                           "max_tokens": MAX_TOKENS, "temperature": 1.0,
+                                           "top_p": 0.001, "n": 2})
+    out["n_2"] = [c["message"]["content"] for c in n2["choices"]]
+    stream(server, "completions", {"prompt": LONG_TEXT * 2, "max_tokens": 300,
+                                   "temperature": 0}, max_chunks=5)
+    out["after_abort"] = [chat(server, q, MAX_TOKENS) for q in few[:2]]
+    return out
+
+
+@pytest.fixture(scope="module")
+def served_flex(model_path, questions):
+    """(battery answers, /metrics after them) of a server verifying logitspec's trees
+    (capacity 32) under ``"tree_attention": "flex"``: the mask, step tables and slot
+    compaction CUDA users get, run on the CPU."""
+    # Returned, not yielded: the server is gone before the next one starts.
+    with openai_server(model_path, FLEX_SPEC, *BLOCK_ARGS, max_model_len=MAX_MODEL_LEN) as server:
+        got = flex_battery(server, questions)
+        chat(server, questions[0], 4)  # a lone request last (see `served`)
+        time.sleep(1.5)  # the worker publishes its statistics twice a second
+        return got, server.metrics()
+
+
+@pytest.mark.parametrize("kind", ["chat_concurrent", "chat_streamed", "completion",
+                                  "completion_streamed", "n_2", "after_abort"])
+def test_flex_trees_identical_to_no_spec_server(served_flex, expected, kind):
+    got, _ = served_flex
+    # (the full battery sends more requests of some kinds; these are its first ones)
+    want = expected[kind][:len(got[kind])] if kind != "n_2" else expected[kind]
+    assert got[kind] == want, f"flex: {kind} differs from the no-spec server"
+
+
+def test_flex_streaming_n2_and_trees_verified(served_flex, expected):
+    got, metrics = served_flex
+    assert got["completion_streamed"] == got["completion"]
+    # both samples (top_p keeps only the likeliest token) are the greedy reply
+    assert got["n_2"] == [expected["chat_concurrent"][0]] * 2
+    total = lambda prefix: sum(v for k, v in metrics.items() if k.startswith(prefix))  # noqa: E731
+    assert total("vllm_echo:tree_verifications_total") > 0, "no tree was verified"
+    assert total("vllm_echo:tree_compactions_total") > 0, "no accepted path was compacted"
+    assert sum(v for k, v in metrics.items()
+               if k.startswith("vllm_echo:accepted_tokens_total") and 'source="tree"' in k) > 0
+    assert total("vllm_echo:tracked_requests") <= 1, "finished requests still hold state"
+    # (a step's drafting may run past its deadline on a busy 2-core machine)
+    faults = {k: v for k, v in metrics.items() if k.startswith("vllm_echo:failures_total")
+              and 'kind="propose:TimeoutError"' not in k and v}
+    assert not faults, faults
+
+
 @pytest.mark.parametrize("kind", ["chat_concurrent", "completion_streamed_during_burst",
                                   "chat_streamed", "completion", "completion_streamed",
                                   "stop_strings", "max_tokens_1", "n_2", "near_max_model_len",
@@ -214,3 +292,4 @@ def test_memory_flat_over_600_requests(served, questions, model_path):
           f"no speculation {baseline_grown / 2**20:+.0f} MiB")
     assert grown <= baseline_grown + 96 * 2**20, (
         f"echo grew {grown / 2**20:.0f} MiB, no-spec {baseline_grown / 2**20:.0f} MiB")
+
