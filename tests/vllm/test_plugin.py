@@ -191,9 +191,14 @@ def test_unsupported_models_are_refused_by_name(flags, words):
 def test_hybrid_models_switch_to_chain_unless_trees_were_asked_for():
     from vllm_echo.plugin.config_shim import rewrite
 
-    spec, extra = rewrite({"method": "echo"}, None, _model(is_hybrid=True))
+    spec, extra = rewrite({"method": "logitspec", "capacity": 32}, None,
+                          _model(is_hybrid=True))
     assert extra[ADDITIONAL_CONFIG_KEY]["tree"] is False
     assert spec["num_speculative_tokens"] == 4  # the chain default, not a forest's room
+    # ECHO's rule chooses each chain's length: K leaves it the forest's room
+    spec, extra = rewrite({"method": "echo", "capacity": 32}, None, _model(is_hybrid=True))
+    assert extra[ADDITIONAL_CONFIG_KEY]["tree"] is False
+    assert spec["num_speculative_tokens"] == 31
     with pytest.raises(ValueError, match="tree=true is not supported with"):
         rewrite({"method": "echo", "tree": True}, None, _model(is_hybrid=True))
 
