@@ -23,7 +23,7 @@ logger = logging.getLogger("vllm.vllm_echo")
 # over a chain of the same size): trees pay where answers copy the prompt and lose
 # where they don't, so both methods verify one chain per request there unless the user
 # asks for trees ("tree": true or a "capacity"); trees asked for without a capacity get
-# the smallest that paid (benchmarks/README.md). GPUs keep the reference trees of
+# the smallest that paid (benchmarks/journal/echo-cpu.md). GPUs keep the reference trees of
 # capacity 64.
 CPU_LOGITSPEC_CAPACITY = 8
 # ECHO sizes its drafts itself: on the CPU it picks each request's best root path of a
