@@ -3,6 +3,7 @@
 
     python benchmarks/micro_proposer.py                 # batch 1/32/64 x context 1k/4k/8k
     python benchmarks/micro_proposer.py --smoke         # CI
+    python benchmarks/micro_proposer.py --sources       # engine-free draft sources, batch 1
 
 One step = what a decode step asks of the drafter for every request of the batch:
   * vllm-echo: ``NgramIndex.extend`` with the one new token, then the draft:
@@ -13,6 +14,13 @@ Both see identical synthetic batches: tokens drawn i.i.d. from a Zipf(1.1) law o
 same top-64 candidate ids per request. Numba kernels are compiled before timing
 (vLLM's own warm-up in NgramProposer.__init__ compiles nothing: it has no valid request).
 Also reported: NgramIndex bytes per context token.
+
+``--sources`` times instead the two engine-free sources at batch 1, per step:
+``OutputStore.add`` of the new token + ``OutputStore.draft(.., 8)`` +
+``RecycledTable.update`` (one row, random top-8) + ``RecycledTable.draft(.., (4, 2, 1), 16)``,
+with the store (default 32 MiB) already holding ``--requests`` earlier requests' outputs:
+256-token windows at random offsets of the bundled prompts (vllm_echo/data/*.jsonl) split
+on whitespace, spread over 4 pools, so windows overlap and repeat as outputs do.
 """
 
 from __future__ import annotations
@@ -150,6 +158,69 @@ def run(batches: list[int], contexts: list[int], steps: int) -> dict[str, Any]:
             "environment": bench_common.environment(), "results": rows}
 
 
+def word_corpus() -> np.ndarray:
+    """Every bundled prompt's words as ids (first-seen order), concatenated."""
+    import json
+
+    ids: dict[str, int] = {}
+    out = []
+    for path in sorted((bench_common.REPO_ROOT / "vllm_echo" / "data").glob("*.jsonl")):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                turns = json.loads(line).get("turns", [])
+                for word in " ".join(t for t in turns if isinstance(t, str)).split():
+                    out.append(ids.setdefault(word, len(ids)))
+    return np.array(out, dtype=np.int32)
+
+
+def run_sources(requests: int, length: int, steps: int, seed: int = 0) -> dict[str, Any]:
+    from vllm_echo.algos import recycled, shared_outputs
+    from vllm_echo.algos.recycled import RecycledTable
+    from vllm_echo.algos.shared_outputs import OutputStore, pool_id
+
+    recycled.warm_up()
+    shared_outputs.warm_up()
+    rng = np.random.default_rng(seed)
+    corpus = word_corpus()
+    vocab = int(corpus.max()) + 1
+    pools = [0] + [pool_id(f"tenant-{i}") for i in range(3)]
+    store = OutputStore()
+    start = time.perf_counter()
+    for r in range(requests):
+        off = int(rng.integers(0, corpus.size - length))
+        store.add(pools[r % len(pools)], corpus[off:off + length], 0)
+    fill_s = time.perf_counter() - start
+    table = RecycledTable(vocab, 8)
+    table.update(np.arange(vocab, dtype=np.int32),
+                 rng.integers(0, vocab, (vocab, 8), dtype=np.int32))
+    off = int(rng.integers(0, corpus.size - length - steps))
+    row = corpus[off:off + length + steps].copy()  # the request being decoded
+    pool = pools[1]
+    store.add(pool, row[:length], 0)
+    topk = rng.integers(0, vocab, (steps, 1, 8), dtype=np.int32)
+    times, drafted, nodes = [], 0, 0
+    for s in range(steps):
+        n = length + s + 1
+        t0 = time.perf_counter()
+        store.add(pool, row[:n], n - 1)
+        chain, _ = store.draft(pool, row[:n], 8)
+        table.update(row[n - 2:n - 1], topk[s])
+        tree, _ = table.draft(int(row[n - 1]), (4, 2, 1), 16)
+        times.append(time.perf_counter() - t0)
+        drafted += chain.size
+        nodes += tree.size
+    ms = 1e3 * np.asarray(times)
+    return {"benchmark": "micro_proposer --sources", "requests": requests,
+            "request_tokens": length, "steps": steps, "vocab": vocab,
+            "fill_s": fill_s, "ms_per_step_median": float(np.median(ms)),
+            "ms_per_step_p99": float(np.percentile(ms, 99)),
+            "store_nbytes": store.nbytes, "store_slots": store.slots,
+            "store_entries": store.entries, "store_evictions": store.evictions,
+            "table_nbytes": table.nbytes, "mean_chain_len": drafted / steps,
+            "mean_tree_nodes": nodes / steps,
+            "environment": bench_common.environment()}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 32, 64])
@@ -158,7 +229,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None,
                    help="default benchmarks/results/micro_proposer-<time>.json")
     p.add_argument("--smoke", action="store_true", help="CI: batch 1 and 4, context 1024, 3 steps")
+    p.add_argument("--sources", action="store_true",
+                   help="time the shared-outputs store + recycled table instead (batch 1)")
+    p.add_argument("--requests", type=int, default=10_000,
+                   help="--sources: earlier requests' outputs in the store")
     args = p.parse_args(argv)
+    if args.sources:
+        steps = 20 if args.smoke else max(args.steps, 1000)
+        report = run_sources(200 if args.smoke else args.requests, 256, steps)
+        print(bench_common.markdown_table(
+            ["requests in store", "ms/step median", "ms/step p99", "store MiB", "entries",
+             "evictions", "table MiB", "chain len", "tree nodes"],
+            [[report["requests"], f"{report['ms_per_step_median']:.4f}",
+              f"{report['ms_per_step_p99']:.4f}", f"{report['store_nbytes'] / 2**20:.2f}",
+              report["store_entries"], report["store_evictions"],
+              f"{report['table_nbytes'] / 2**20:.2f}", f"{report['mean_chain_len']:.2f}",
+              f"{report['mean_tree_nodes']:.1f}"]]))
+        out = args.json or bench_common.RESULTS_DIR / time.strftime(
+            "micro_sources-%Y%m%d-%H%M%S.json")
+        bench_common.write_json(out, report)
+        print(f"results in {out}")
+        return 0
     if args.smoke:
         args.batch_sizes, args.contexts, args.steps = [1, 4], [1024], 3
     report = run(args.batch_sizes, args.contexts, args.steps)
