@@ -72,6 +72,12 @@ class EchoSettings:
             chain per request (chain mode).
         tree_attention: "native" or "flex" (TREE_ATTENTION_MODES); None: the
             platform's default, filled in by the glue before the engine starts.
+        shared_outputs: also draft from other requests' outputs (same ``cache_salt``
+            only; requests without one share a pool), vllm_echo.algos.shared_outputs.
+        shared_outputs_mib: memory for those outputs, per engine (oldest and rarest
+            continuations are evicted first).
+        recycled: also draft from the recycled-candidates table (the target's earlier
+            top-k after the same token; token ids only), vllm_echo.algos.recycled.
 
     ECHO only (``method="echo"``):
         k_max: a fixed verification budget per step for the whole batch, in draft
@@ -87,6 +93,9 @@ class EchoSettings:
     capacity: int = 64
     tree: bool = True
     tree_attention: str | None = None
+    shared_outputs: bool = False
+    shared_outputs_mib: int = 32
+    recycled: bool = False
     k_max: int | None = None
 
     def __post_init__(self) -> None:
@@ -100,7 +109,7 @@ class EchoSettings:
         for name, low, high in (("num_speculative_tokens", 1, 128), ("max_ngram", 1, 8),
                                 ("span", 1, 1024), ("topk", 1, None),
                                 # vLLM's rejection sampler caps drafts at 128 per request
-                                ("capacity", 2, 129)):
+                                ("capacity", 2, 129), ("shared_outputs_mib", 1, 65536)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise SpeculativeConfigError(
@@ -111,9 +120,11 @@ class EchoSettings:
                 raise SpeculativeConfigError(
                     f"speculative_config: {name}={value!r} is out of range; allowed: {allowed}")
 
-        if not isinstance(self.tree, bool):
-            raise SpeculativeConfigError(f"speculative_config: tree={self.tree!r} has type "
-                                         f"{type(self.tree).__name__}; expected true or false")
+        for name in ("tree", "shared_outputs", "recycled"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise SpeculativeConfigError(f"speculative_config: {name}={value!r} has type "
+                                             f"{type(value).__name__}; expected true or false")
         if self.tree_attention is not None and self.tree_attention not in TREE_ATTENTION_MODES:
             raise SpeculativeConfigError(
                 f"speculative_config: tree_attention={self.tree_attention!r} is invalid; "

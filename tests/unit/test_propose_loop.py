@@ -56,10 +56,9 @@ def test_a_failing_request_drops_only_its_own_drafts(monkeypatch, method):
     proposer._warm_up()
     if method == "echo":
         proposer.planner.cost.set_curve([1, 64], [0.01, 0.01])  # drafting is free
-    module, name = ((logitspec, "first_chain") if method == "logitspec"
-                    else (echo_proposer, "build_forest_nodes"))
+    name = "first_chain" if method == "logitspec" else "build_forest_nodes"
     with monkeypatch.context() as patch:
-        patch.setattr(module, name, _failing_on_marker(getattr(module, name)))
+        patch.setattr(logitspec, name, _failing_on_marker(getattr(logitspec, name)))
         drafts = _propose(proposer)
     assert drafts[1] == []
     assert drafts[0] and drafts[2], drafts  # the rest of the batch still speculates

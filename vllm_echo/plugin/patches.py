@@ -248,6 +248,25 @@ themselves off (same log line and counter) on a call they do not understand.
       adaptive verification does from its captured graphs) and hands them to custom
       proposers.
 
+11. ``NewRequestData.from_request`` (classmethod, wrapped; scheduler side)
+   What: a request that has a ``cache_salt`` gets it copied into its sampling params'
+      ``extra_args`` under ``CACHE_SALT_KEY`` ("vllm_echo_cache_salt"), which travel
+      to the workers with the new request; the proposer puts the request's outputs in,
+      and drafts from, that salt's pool of shared outputs only
+      (proposers/logitspec._pool_of).
+   Why: in vLLM 0.32 the salt lives on the scheduler's ``Request`` and does not reach
+      the worker; the shared-outputs source must not draft one tenant's text for
+      another. ``extra_args`` is vLLM's field for plugins; the key is namespaced, and
+      requests without a salt are untouched. It is installed in every process where
+      the plugin is registered, whatever the method (the engine-core process cannot
+      tell before its scheduler runs), and changes nothing else.
+   Upstream: vllm/v1/core/sched/output.py:59 (from_request), v1/request.py:185
+      (cache_salt).
+   Drift: a vLLM without ``NewRequestData.from_request`` leaves the patch out (one
+      log line): every request drafts from the shared pool.
+   Remove when: the worker sees ``cache_salt`` (on NewRequestData or the runner's
+      CachedRequestState).
+
 Private vLLM attributes read (vLLM 0.32 names), where, and what happens without them:
 
 - Runner, probed in ``load_model`` (runner/access.probe_runner):
@@ -326,6 +345,8 @@ import functools
 from typing import Any
 
 _MARK = "_vllm_echo_patched"
+# Where entry 11 puts a request's cache_salt in its sampling params' extra_args.
+CACHE_SALT_KEY = "vllm_echo_cache_salt"
 
 
 def patch_create_speculative_config() -> None:
@@ -369,6 +390,37 @@ def patch_create_engine_config() -> None:
 
     setattr(create_engine_config, _MARK, True)
     EngineArgs.create_engine_config = create_engine_config
+
+
+def patch_new_request_salt() -> None:
+    """Entry 11: carry ``cache_salt`` to the workers in the sampling params."""
+    import logging
+
+    try:
+        from vllm.v1.core.sched.output import NewRequestData
+
+        func = NewRequestData.__dict__["from_request"].__func__
+    except (ImportError, KeyError, AttributeError) as exc:
+        logging.getLogger("vllm.vllm_echo").warning(
+            "vllm-echo: cannot carry cache_salt to the workers (%s); requests share one "
+            "pool of shared outputs.", exc)
+        return
+    if getattr(func, _MARK, False):
+        return
+
+    @functools.wraps(func)
+    def from_request(cls, request, *args, **kwargs):
+        data = func(cls, request, *args, **kwargs)
+        salt = getattr(request, "cache_salt", None)
+        params = getattr(data, "sampling_params", None)
+        if salt is not None and params is not None:
+            extra = params.extra_args or {}
+            if extra.get(CACHE_SALT_KEY) != salt:
+                params.extra_args = {**extra, CACHE_SALT_KEY: salt}
+        return data
+
+    setattr(from_request, _MARK, True)
+    NewRequestData.from_request = classmethod(from_request)
 
 
 def _fold_spec_flags(engine_args: Any) -> None:

@@ -8,7 +8,9 @@ was. Rates are Beta posteriors per bucket:
 - "retrieved" (an m-gram continuation), by depth bucket (and, with
   ``EchoTuning.match_split``, short or long match);
 - "head" (a next-next candidate from the target's top-k), by its last-logit
-  probability bucket.
+  probability bucket;
+- "shared" (other requests' outputs) and "recycled" (the recycled-candidates table),
+  by depth bucket (vllm_echo.algos.draft_sources).
 
 They learn from uncensored labels only: a verified node is a trial only if its parent
 was accepted (or it hangs off the root); it succeeds if its token is the one the target
@@ -38,6 +40,7 @@ class Candidates:
     rank: np.ndarray  # top-k rank of a head, -1 for a retrieved token
     head_logp: np.ndarray
     chain_only: bool = False  # verified as a chain whatever the planner's mode
+    origin: np.ndarray | None = None  # int8 per node (draft_sources.ORIGIN_*); None: own
 
 
 class Pool(NamedTuple):
@@ -66,6 +69,9 @@ def _path_products(parents, rates):
     return probs
 
 
+KINDS = ("retrieved", "head", "shared", "recycled")  # the bucket families
+
+
 class AcceptanceModel:
     """Beta posteriors of conditional acceptance rates, and P(accepted) per node."""
 
@@ -75,10 +81,17 @@ class AcceptanceModel:
         self._lengths = 2 if tune.match_split else 1
         self.num_retrieved = self._depth_edges.size * self._lengths
         self._head_edges = -np.asarray(tune.head_p_edges, dtype=np.float64)  # ascending
-        size = self.num_retrieved + self._head_edges.size + 1
-        retrieved = np.arange(size) < self.num_retrieved
-        self._prior_a = np.where(retrieved, tune.retrieved_prior[0], tune.head_prior[0])
-        self._prior_b = np.where(retrieved, tune.retrieved_prior[1], tune.head_prior[1])
+        self.num_heads = self._head_edges.size + 1
+        self._other_start = self.num_retrieved + self.num_heads  # shared, then recycled
+        size = self._other_start + 2 * self._depth_edges.size
+        priors = np.empty((size, 2))
+        priors[:self.num_retrieved] = tune.retrieved_prior
+        priors[self.num_retrieved:self._other_start] = tune.head_prior
+        priors[self._other_start:self._other_start + self._depth_edges.size] = tune.shared_prior
+        priors[self._other_start + self._depth_edges.size:] = tune.recycled_prior
+        self._prior_a, self._prior_b = priors[:, 0].copy(), priors[:, 1].copy()
+        # Origins beyond the request's own text whose drafts are offered (draft_sources)
+        self.other_origins: tuple[int, ...] = ()
         self.successes = np.zeros(size)
         self.trials = np.zeros(size)
         self.rates = self._posterior()
@@ -89,16 +102,31 @@ class AcceptanceModel:
     def best_first_rates(self) -> tuple[float, float]:
         """(best retrieved, best head) rate at depth 1: no node of a forest scores above
         the better one, and no head above the second."""
-        first = self.rates[0:self._lengths]
-        return float(first.max()), float(self.rates[self.num_retrieved:].max())
+        first = self.rates[0:self._lengths].max()
+        depths = self._depth_edges.size
+        for origin in self.other_origins:
+            first = max(first, self.rates[self._other_start + (origin - 1) * depths])
+        return (float(first),
+                float(self.rates[self.num_retrieved:self._other_start].max()))
+
+    def kinds(self, buckets: np.ndarray) -> np.ndarray:
+        """Each bucket's index in KINDS."""
+        depths = self._depth_edges.size
+        return np.where(buckets < self.num_retrieved, 0, np.where(
+            buckets < self._other_start, 1, 2 + (buckets - self._other_start) // depths))
 
     def buckets(self, parents: np.ndarray, match_len: np.ndarray, rank: np.ndarray,
-                head_logp: np.ndarray) -> np.ndarray:
+                head_logp: np.ndarray, origin: np.ndarray | None = None) -> np.ndarray:
         """Each node's rate bucket (``parents`` global or local, parent-first)."""
         depth = _depths(parents)
-        out = np.searchsorted(self._depth_edges, depth, side="right") - 1
+        depth_bucket = np.searchsorted(self._depth_edges, depth, side="right") - 1
+        out = depth_bucket
         if self._lengths > 1:
             out = out * 2 + (match_len > self.tuning.match_split)
+        if origin is not None and origin.any():
+            other = origin > 0
+            out[other] = (self._other_start + (origin[other].astype(np.int64) - 1)
+                          * self._depth_edges.size + depth_bucket[other])
         heads = rank >= 0
         if heads.any():
             logp = np.asarray(head_logp, dtype=np.float64)[rank[heads]]
@@ -117,8 +145,12 @@ class AcceptanceModel:
         rank = np.concatenate([c.rank for c in forests]).astype(np.int64)
         head_starts = np.concatenate(([0], np.cumsum([h.size for h in head_logp])))
         rank = np.where(rank >= 0, rank + np.repeat(head_starts[:-1], sizes), -1)
+        origin = None
+        if any(c.origin is not None for c in forests):
+            origin = np.concatenate([np.zeros(len(c.token_ids), np.int8) if c.origin is None
+                                     else c.origin for c in forests])
         buckets = self.buckets(parents, np.concatenate([c.match_len for c in forests]), rank,
-                               np.concatenate(head_logp) if head_logp else np.empty(0))
+                               np.concatenate(head_logp) if head_logp else np.empty(0), origin)
         probs = _path_products(parents, self.rates[buckets])
         tokens = np.concatenate([c.token_ids for c in forests]).astype(np.int64)
         return Pool(offsets, parents, tokens, buckets, probs)
@@ -141,10 +173,17 @@ class AcceptanceModel:
 
     def table(self) -> dict[str, list[float]]:
         """Current rates (JSON-able): retrieved by depth bucket (x match length), heads
-        by probability bucket."""
+        by probability bucket, shared and recycled by depth bucket."""
         retrieved = self.rates[:self.num_retrieved].reshape(-1, self._lengths)
-        return {"retrieved": [[round(float(x), 4) for x in row] for row in retrieved],
-                "head": [round(float(x), 4) for x in self.rates[self.num_retrieved:]],
+        depths, start = self._depth_edges.size, self._other_start
+
+        def rounded(values):
+            return [round(float(x), 4) for x in values]
+
+        return {"retrieved": [rounded(row) for row in retrieved],
+                "head": rounded(self.rates[self.num_retrieved:start]),
+                "shared": rounded(self.rates[start:start + depths]),
+                "recycled": rounded(self.rates[start + depths:]),
                 "trials": [round(float(x), 1) for x in self.trials]}
 
 

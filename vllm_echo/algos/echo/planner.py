@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from vllm_echo.algos.echo.acceptance import AcceptanceModel, Candidates, labels
+from vllm_echo.algos.echo.acceptance import KINDS, AcceptanceModel, Candidates, labels
 from vllm_echo.algos.echo.cost import StepCost
 from vllm_echo.algos.echo.tuning import EchoTuning
 
@@ -106,6 +106,7 @@ class EchoPlanner:
         self.stats = dict.fromkeys(("steps", "drafted_steps", "probes", "drafted", "accepted",
                                     "verdicts", "tree_requests"), 0)
         self.stats["expected"] = 0.0
+        self.accepted_by_kind = np.zeros(len(KINDS), np.int64)  # accepted drafts by family
 
     # -- the step ------------------------------------------------------------------------
 
@@ -215,6 +216,8 @@ class EchoPlanner:
             accepted = plan.keep[np.asarray(path, dtype=np.int64)]
             trial, success = labels(plan.cand_parents, plan.cand_tokens, accepted,
                                     int(next_token), plan.keep)
+            np.add.at(self.accepted_by_kind,
+                      self.acceptance.kinds(plan.cand_buckets[accepted]), 1)
             buckets.append(plan.cand_buckets)
             trials.append(trial)
             successes.append(success)
@@ -230,6 +233,7 @@ class EchoPlanner:
         stats["expected"] = round(stats["expected"], 2)
         stats["draft_utilization"] = (stats["accepted"] / stats["drafted"]
                                       if stats["drafted"] else 0.0)
+        stats["accepted_by_kind"] = dict(zip(KINDS, self.accepted_by_kind.tolist()))
         return {**stats, "last_budget": self.last_budget, "trees": self.trees,
                 "k_max": self.k_max, "rates": self.acceptance.table(),
                 "cost_curve_ms": {n: round(1e3 * t, 3) for n, t in self.cost.points().items()},

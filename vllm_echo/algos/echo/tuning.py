@@ -15,6 +15,10 @@ class EchoTuning:
     retrieved_prior: tuple[float, float] = (1.0, 1.0)
     # Beta prior of a next-next head's rate (runner-up tokens): a higher mean drafts them early.
     head_prior: tuple[float, float] = (0.2, 1.8)
+    # Beta prior of a token from other requests' outputs: a higher mean drafts them early.
+    shared_prior: tuple[float, float] = (1.0, 1.0)
+    # Beta prior of a recycled candidate (the target's earlier top-k after the same token).
+    recycled_prior: tuple[float, float] = (0.5, 1.5)
     # Lower edges of retrieved tokens' depth buckets: finer tells depths apart, coarser pools.
     depth_edges: tuple[int, ...] = (1, 2, 3, 4, 6, 9, 14)
     # Matches longer than this get their own buckets (0: none): separates copied passages.

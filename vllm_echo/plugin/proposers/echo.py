@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from vllm_echo.algos import echo
+from vllm_echo.algos.draft_sources import ORIGIN_RECYCLED, ORIGIN_SHARED
 from vllm_echo.algos.echo import Candidates, EchoPlanner, EchoTuning, Plan
-from vllm_echo.algos.forest import build_forest_nodes
 from vllm_echo.plugin.proposers.logitspec import LogitSpecProposer
 from vllm_echo.plugin.runner.cost_probe import install_cost_probe
 from vllm_echo.plugin.runner.step_timer import StepTimer
@@ -36,6 +36,10 @@ class EchoProposer(LogitSpecProposer):
         super().__init__(vllm_config)
         self.planner = EchoPlanner(EchoTuning(), trees=self.tree_enabled,
                                    k_max=self.settings.k_max)
+        self.planner.acceptance.other_origins = tuple(
+            origin for origin, on in ((ORIGIN_SHARED, self.sources.store is not None),
+                                      (ORIGIN_RECYCLED, self.sources.recycled is not None))
+            if on)
         self._plans: dict[str, Plan] = {}
         self._reported_cost = False
         self._step_requests = 0  # requests decoding in the step being drafted
@@ -87,16 +91,22 @@ class EchoProposer(LogitSpecProposer):
         if not self._drafting:
             return None
         # Next-next heads need the top-k of every request's last logits (a top-k and a
-        # log-sum-exp over the vocabulary per request): only when a head can pay.
-        top_ids = self._last_logits.rows_for(req_ids) if mode == "all" else None
-        return top_ids, (self._last_logits.logprobs if top_ids is not None else None)
+        # log-sum-exp over the vocabulary per request): only when a head can pay, or
+        # when the recycled table learns from it.
+        heads = mode == "all"
+        top_ids = (self._last_logits.rows_for(req_ids)
+                   if heads or self.sources.recycled is not None else None)
+        top_logp = self._last_logits.logprobs if heads and top_ids is not None else None
+        return top_ids, top_logp
 
     def _draft_request(self, step, i, req_id, state, max_len, accepted):
         top_ids, top_logp = step
-        nodes = build_forest_nodes(state.index, _EMPTY if top_ids is None else top_ids[i],
-                                   min(self.settings.capacity, max_len + 1))
+        row_top = None if top_ids is None else top_ids[i]
+        self.sources.learn_logits(state.index.tokens, state.index.length, row_top)
+        nodes, origin = self.forest(state, _EMPTY if top_logp is None else row_top,
+                                    min(self.settings.capacity, max_len + 1))
         return Candidates(*nodes, head_logp=_NO_LOGP if top_logp is None else top_logp[i],
-                          chain_only=not (self.tree_enabled and state.tree_ok))
+                          chain_only=not (self.tree_enabled and state.tree_ok), origin=origin)
 
     def _end_step(self, req_ids, items):
         if not self._drafting:

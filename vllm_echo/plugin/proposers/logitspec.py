@@ -16,15 +16,21 @@ from typing import Any
 
 import numpy as np
 
-from vllm_echo.algos import top_logprobs
-from vllm_echo.algos.forest import SOURCE_LOGITS, SOURCE_RETRIEVAL, build_forest, first_chain
+from vllm_echo.algos import recycled, shared_outputs, top_logprobs
+from vllm_echo.algos.draft_sources import (ORIGIN_RECYCLED, ORIGIN_SHARED, OtherSources,
+                                           with_branches)
+from vllm_echo.algos.forest import (SOURCE_LOGITS, SOURCE_RETRIEVAL, build_forest,
+                                    build_forest_nodes, first_chain)
 from vllm_echo.algos.ngram_index import NgramIndex
+from vllm_echo.algos.recycled import RecycledTable
+from vllm_echo.algos.shared_outputs import OutputStore, pool_id
 from vllm_echo.algos.verify import verify_greedy_chains
 from vllm_echo.config import DEFAULT_NUM_SPECULATIVE_TOKENS
 from vllm_echo.plugin.attention import tree_support
 from vllm_echo.plugin.attention.flex_tree_attention import attach_to_builders
 from vllm_echo.plugin.config_shim import settings_from_vllm_config
 from vllm_echo.plugin.metrics import publish_worker_stats
+from vllm_echo.plugin.patches import CACHE_SALT_KEY
 from vllm_echo.plugin.proposers.tp_drafts import RankZeroDrafts, tensor_parallel_group
 from vllm_echo.plugin.runner.access import find_runner, probe_runner
 from vllm_echo.plugin.runner.last_logits import LastLogitsTopK
@@ -38,6 +44,12 @@ logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and l
 
 SOURCE_TREE = 3
 SOURCE_CHAIN = 4  # ECHO: a root path its planner chose, verified natively as a chain
+SOURCE_SHARED = 5  # other requests' outputs (chain mode's fallback)
+SOURCE_RECYCLED = 6  # the recycled-candidates table (chain mode's fallback)
+# Nodes a forest keeps for branches from other requests' outputs and recycled candidates.
+OTHER_SOURCES_ROOM = 16
+# Candidates kept per token in the recycled table (Token Recycling keeps 8).
+RECYCLED_K = 8
 # Drafting is cooperative-timed: once a step's drafting has taken this long, the
 # requests not drafted yet go without drafts this step (counted as a failure of
 # kind "propose:TimeoutError", logged once). Normal drafting takes well under 10 ms
@@ -45,7 +57,8 @@ SOURCE_CHAIN = 4  # ECHO: a root path its planner chose, verified natively as a 
 PROPOSE_DEADLINE_S = 0.1
 _NO_TOKENS = np.empty(0, dtype=np.int32)
 _SOURCE_NAMES = {SOURCE_RETRIEVAL: "retrieval", SOURCE_LOGITS: "logits", SOURCE_TREE: "tree",
-                 SOURCE_CHAIN: "chain"}
+                 SOURCE_CHAIN: "chain", SOURCE_SHARED: "shared", SOURCE_RECYCLED: "recycled"}
+_ORIGIN_SOURCE = {ORIGIN_SHARED: SOURCE_SHARED, ORIGIN_RECYCLED: SOURCE_RECYCLED}
 
 
 @dataclass
@@ -54,9 +67,10 @@ class DraftStats:
 
     Drafts are counted by source: "retrieval" (chain from the m-gram index),
     "logits" (chain led by a next-next candidate: the index found nothing),
+    "shared" / "recycled" (chain from other requests' outputs / the recycled table),
     "tree" (a forest verified as a tree), "chain" (ECHO: a root path of the forest,
     verified natively). Accepted tokens are attributed to the source of the draft
-    they came from.
+    they came from (ECHO's planner also counts them by node family).
     """
 
     steps: int = 0
@@ -74,7 +88,7 @@ class DraftStats:
 
 
 class _RequestState:
-    __slots__ = ("owner", "index", "tree_ok", "last_len", "last_source")
+    __slots__ = ("owner", "index", "tree_ok", "last_len", "last_source", "pool", "stored")
 
     def __init__(self, owner: Any, index: NgramIndex, tree_ok: bool):
         self.owner = owner  # the runner's CachedRequestState: detects a reused request id
@@ -82,6 +96,10 @@ class _RequestState:
         self.tree_ok = tree_ok  # sampling params allow tree verification
         self.last_len = 0  # the draft proposed last step, to attribute acceptances
         self.last_source = 0
+        self.pool = _pool_of(owner)  # its tenant's pool of shared outputs
+        # Tokens given to the shared store so far: the prompt is not an output.
+        prompt = getattr(owner, "prompt_token_ids", None)
+        self.stored = len(prompt) if prompt is not None else 1 << 62
 
 
 class LogitSpecProposer:
@@ -101,6 +119,7 @@ class LogitSpecProposer:
         self.max_model_len = vllm_config.model_config.max_model_len
         self._states: dict[str, _RequestState] = {}
         self._last_logits = LastLogitsTopK(self.settings.topk)
+        self.sources = _other_sources(self.settings, vllm_config)
         self._no_spec: str | None = None  # why load_model found nothing to draft with
         self._failures_logged: set[str] = set()
         self.failures: dict[str, int] = {}  # kind of failure -> how often (logged once each)
@@ -231,10 +250,15 @@ class LogitSpecProposer:
             length = int(num_tokens_no_spec[i])
             # Drafts must fit: the bonus token plus K drafts stay within max_model_len.
             max_len = min(self.num_speculative_tokens, self.max_model_len - length - 1)
-            if step is None or not sampled or max_len <= 0 or deadline.passed():
+            if not sampled or max_len <= 0 or deadline.passed():
+                continue
+            if step is None and not self.sources.enabled:
                 continue
             try:
+                # the shared store learns every output, also on steps that draft nothing
                 state = self._sync_state(req_id, token_ids_cpu[i], length)
+                if step is None:
+                    continue
                 items[i] = self._draft_request(step, i, req_id, state, max_len, len(sampled) - 1)
             except Exception as exc:  # only this request goes without drafts this step
                 self._log_failure("propose", exc)
@@ -257,8 +281,9 @@ class LogitSpecProposer:
                        max_len: int, accepted: int) -> Any:
         """Request ``i``'s draft (here its token ids; trees are recorded on the way)."""
         self._count_accepted(state, accepted)
-        top_ids = step[0]
-        tokens, source = self._draft(req_id, state, _NO_TOKENS if top_ids is None else top_ids[i],
+        top_ids = None if step[0] is None else step[0][i]
+        self.sources.learn_logits(state.index.tokens, state.index.length, top_ids)
+        tokens, source = self._draft(req_id, state, _NO_TOKENS if top_ids is None else top_ids,
                                      max_len)
         self._count_draft(state, len(tokens), source)
         return tokens
@@ -271,15 +296,35 @@ class LogitSpecProposer:
                max_len: int) -> tuple[np.ndarray, int]:
         trees = self.tree_context.trees
         if self.tree_enabled and state.tree_ok:
-            tokens, parents = build_forest(state.index, candidates,
-                                           min(self.settings.capacity, max_len + 1))
+            nodes = self.forest(state, candidates, min(self.settings.capacity, max_len + 1))[0]
+            tokens = nodes.token_ids
             if len(tokens):
-                trees[req_id] = TreeDraft(tokens, parents)
+                trees[req_id] = TreeDraft(tokens, nodes.parents)
                 return tokens, SOURCE_TREE
             return tokens, 0
         if self.tree_enabled:  # a request that needs chain verification in tree mode
             max_len = min(max_len, DEFAULT_NUM_SPECULATIVE_TOKENS)
-        return first_chain(state.index, candidates, max_len)
+        tokens, source = first_chain(state.index, candidates, max_len)
+        if source != SOURCE_RETRIEVAL and self.sources.enabled:
+            # the request's own text has no continuation: other requests' outputs, then
+            # recycled candidates, come before a next-next head
+            other, origin = self.sources.chain(state.pool, state.index.tokens,
+                                               state.index.length, max_len)
+            if len(other):
+                return other, _ORIGIN_SOURCE[origin]
+        return tokens, source
+
+    def forest(self, state: _RequestState, candidates: np.ndarray, capacity: int):
+        """The request's candidate forest within ``capacity`` (counting the root):
+        LogitSpec's retrieved continuation, the other sources' branches (at most
+        OTHER_SOURCES_ROOM nodes), then next-next branches in what is left
+        (draft_sources.with_branches). Returns (ForestNodes, origin or None)."""
+        nodes = build_forest_nodes(state.index, candidates, capacity)
+        if not self.sources.enabled:
+            return nodes, None
+        extra = self.sources.branches(state.pool, state.index.tokens, state.index.length,
+                                      min(OTHER_SOURCES_ROOM, capacity - 1))
+        return with_branches(nodes, extra, capacity - 1)
 
     def _count_accepted(self, state: _RequestState, accepted: int) -> None:
         if state.last_len and accepted > 0 and state.last_source in _SOURCE_NAMES:
@@ -303,6 +348,9 @@ class LogitSpecProposer:
         index = state.index
         if index.length < length:
             index.extend(row[index.length:length])
+        if state.stored < length:
+            self.sources.learn_outputs(state.pool, index.tokens, length, state.stored)
+            state.stored = length
         return state
 
     def _release_finished(self, live: dict[str, int]) -> None:
@@ -329,6 +377,10 @@ class LogitSpecProposer:
         build_forest(index, candidates, self.settings.capacity)
         verify_greedy_chains(candidates, [4], candidates, [0], width=5)
         top_logprobs.warm_up()
+        if self.sources.store is not None:
+            shared_outputs.warm_up()
+        if self.sources.recycled is not None:
+            recycled.warm_up()
 
     def _log_failure(self, where: str, exc: BaseException) -> None:
         kind = f"{where}:{type(exc).__name__}"
@@ -363,7 +415,26 @@ class LogitSpecProposer:
         return {**self.stats.flat(), **self.tree_context.counters,
                 "tree_enabled": self.tree_enabled, "tracked_requests": len(self._states),
                 "state_bytes": sum(s.index.nbytes for s in list(self._states.values())),
+                **self.sources.nbytes,
                 "trees_held": len(self.tree_context.trees), "failures": dict(self.failures)}
+
+
+def _other_sources(settings: Any, vllm_config: Any) -> OtherSources:
+    """The engine's cross-request draft sources its settings switch on."""
+    store = (OutputStore(settings.shared_outputs_mib << 20) if settings.shared_outputs
+             else None)
+    table = None
+    if settings.recycled:
+        table = RecycledTable(vllm_config.model_config.get_vocab_size(),
+                              min(RECYCLED_K, settings.topk))
+    return OtherSources(store, table, settings.span)
+
+
+def _pool_of(owner: Any) -> int:
+    """The shared-outputs pool of a request: its ``cache_salt``, carried here in its
+    sampling params' extra_args (patches.py), or the pool of requests without one."""
+    extra = getattr(getattr(owner, "sampling_params", None), "extra_args", None) or {}
+    return pool_id(extra.get(CACHE_SALT_KEY))
 
 
 def _runner_creating_us() -> Any | None:

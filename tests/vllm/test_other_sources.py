@@ -1,0 +1,50 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Other requests' outputs and recycled candidates inside vLLM: greedy text identical to
+no speculation, both sources drafting, and a request's cache_salt reaching the worker
+(its outputs land in, and are drafted from, that salt's pool only)."""
+
+import numpy as np
+from engine_helpers import engine
+
+from vllm_echo.algos.shared_outputs import pool_id
+from vllm_echo.plugin.proposers.logitspec import worker_stats
+
+MAX_TOKENS = 64
+SPEC = {"method": "echo", "shared_outputs": True, "recycled": True}
+
+
+def _drafts_by_pool(worker, context, salts):
+    """For collective_rpc: the shared store's chain after ``context`` in each salt's pool."""
+    sources = getattr(getattr(worker, "model_runner", None), "drafter", None)
+    if sources is None:
+        return None
+    store = sources.sources.store
+    ctx = np.asarray(context, np.int32)
+    return {salt: store.draft(pool_id(salt), ctx, 8)[0].tolist() for salt in salts}
+
+
+def test_sources_on_greedy_identical_and_salted(model_path, spec_bench_16, greedy_reference):
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+    with engine(model_path, SPEC) as llm:
+        outs = llm.chat([p.as_chat() for p in spec_bench_16], params, use_tqdm=False)
+        stats = [s for s in llm.collective_rpc(worker_stats) if s][0]
+        # A salted request: its output is drafted from its salt's pool, no other.
+        salted = llm.generate({"prompt_token_ids": list(outs[0].prompt_token_ids),
+                               "cache_salt": "tenant-1"}, params, use_tqdm=False)[0]
+        tokens = list(salted.prompt_token_ids) + list(salted.outputs[0].token_ids)
+        start = len(salted.prompt_token_ids) + 8
+        found = [s for s in llm.collective_rpc(
+            _drafts_by_pool, args=(tokens[:start], ["tenant-1", "tenant-2"])) if s][0]
+    got = [list(o.outputs[0].token_ids) for o in outs]
+    mismatched = [i for i, (a, b) in enumerate(zip(got, greedy_reference))
+                  if a != b[:MAX_TOKENS]]
+    assert not mismatched, f"outputs differ from no-spec for prompts {mismatched}"
+    assert list(salted.outputs[0].token_ids) == greedy_reference[0][:MAX_TOKENS]
+    kinds = stats["echo"]["accepted_by_kind"]
+    assert kinds["recycled"] > 0, stats["echo"]
+    assert stats["shared_outputs_bytes"] > 0 and stats["recycled_bytes"] > 0, stats
+    assert found["tenant-1"] == tokens[start:start + len(found["tenant-1"])]
+    assert found["tenant-1"], found
+    assert found["tenant-2"] == [], found
