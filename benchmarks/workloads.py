@@ -1,0 +1,69 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Workloads of the benchmark scripts beyond single prompts: tool-use prompt texts and
+multi-turn conversations (``offline.py --multi-turn``).
+
+Imported by the scripts in this folder as a plain module; free of vLLM imports.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+# The instructions around BFCL's function schemas (benchmarks/build_bfcl_sets.py):
+# tool_call_question.jsonl holds their rendered text; the agent loop's system message
+# is made from a conversation's "functions" when it is played.
+CALL_FORMAT = ('a JSON list of calls, each {"name": <function name>, "arguments": '
+               '{<parameter>: <value>, ...}}, and nothing else')
+
+
+def tool_call_prompt(functions: list[dict], question: str) -> str:
+    """One user turn: the function schemas as JSON, the answer format, the request."""
+    return (f"You can call these functions, given as JSON schemas:\n{json.dumps(functions)}\n\n"
+            f"Answer the request below with the function calls it needs: {CALL_FORMAT}.\n\n"
+            f"Request: {question}")
+
+
+def agent_system_prompt(functions: list[dict]) -> str:
+    """An agent's system message: the function schemas as JSON and the answer format."""
+    return ("You are an agent that carries out the user's requests by calling functions. "
+            f"The functions you can call, as JSON schemas:\n{json.dumps(functions)}\n\n"
+            f"Answer each request with the function calls it needs: {CALL_FORMAT}.")
+
+
+# -- multi-turn conversations ------------------------------------------------------
+
+@dataclass(frozen=True)
+class Conversation:
+    """A row played turn by turn: its user turns, after an optional system message."""
+
+    question_id: object
+    category: str
+    turns: tuple[str, ...]
+    system: str | None = field(default=None)
+
+    def messages(self, turns: int | None = None) -> list[dict[str, str]]:
+        """The system message and the first ``turns`` user turns (answers left out)."""
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + [{"role": "user", "content": t} for t in self.turns[:turns]]
+
+
+def load_conversations(path_or_name: str) -> list[Conversation]:
+    """Every row of a question file with all its turns. A row's system message is its
+    ``"system"`` text, or made from its ``"functions"`` (agent_loop_question.jsonl)."""
+    from vllm_echo import prompts
+
+    out = []
+    with open(prompts.resolve(path_or_name), encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            turns = row.get("turns") or []
+            if not turns or not all(isinstance(t, str) and t for t in turns):
+                raise ValueError(f"{path_or_name}: row without text turns: {line[:80]}")
+            system = row.get("system") or (agent_system_prompt(row["functions"])
+                                           if row.get("functions") else None)
+            out.append(Conversation(row.get("question_id"), row.get("category", "default"),
+                                    tuple(turns), system))
+    return out
