@@ -12,7 +12,9 @@ prompts (``--prompts-per-slot 1`` at batch 64); batch 8 runs steady load: 4 x 8
 prompts, so the batch stays full while
 requests finish and new ones start. A target is the median over rounds of
 echo's throughput divided by the other method's *in the same round*; "best" is the
-method with the highest median throughput in that cell. Writes ``matrix.md`` and
+method with the highest median throughput in that cell. Engines run in vLLM's default
+(compiled) mode; ``--eager`` passes ``--eager`` on to offline.py (vLLM's enforce_eager),
+and every cell of matrix.json records its mode. Writes ``matrix.md`` and
 ``matrix.json`` into --out, with every cell's offline.py results next to them.
 """
 
@@ -95,7 +97,8 @@ def run_cell(args, workload: str, dtype: str, batch: int, out: Path) -> dict:
             "--num-prompts", str(prompts_for(workload, batch, args.prompts)),
             "--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats),
             "--reference", "echo", "--out", str(out), "--methods", *methods]
-    offline.main(argv + (["--interleave"] if batch == 1 else []))
+    offline.main(argv + (["--interleave"] if batch == 1 else [])
+                 + (["--eager"] if args.eager else []))
     return json.loads((out / "results.json").read_text(encoding="utf-8"))
 
 
@@ -135,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", nargs="+", default=None,
                    help="override the methods (default: the fixed ones and echo)")
     p.add_argument("--ablations", action="store_true", help="also run echo's ablations")
+    p.add_argument("--eager", action="store_true",
+                   help="passed on to offline.py: engines without torch.compile and CUDA "
+                        "graphs (vLLM's enforce_eager); default: vLLM's compiled mode")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--smoke", action="store_true", help=f"CI: {SMOKE}")
     args = p.parse_args(argv)
@@ -153,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 # (copy-edit's 47 at batch 64).
                 ran = [r["num_prompts"] for r in report["results"] if r.get("num_prompts")]
                 cells.append({"workload": workload, "dtype": dtype, "batch_size": batch,
+                              "mode": "eager" if args.eager else "compiled",
                               "prompts": max(ran, default=prompts_for(workload, batch,
                                                                       args.prompts)),
                               "summary": report["summary"],

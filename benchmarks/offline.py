@@ -8,7 +8,11 @@
     python benchmarks/offline.py --methods none suffix # after scripts/bootstrap_suffix.sh
 
 Every (method, batch size) runs in its own process (offline_worker.py): no engine
-state, caches or compiled kernels are shared, and a crash costs one row only.
+state, caches or compiled kernels are shared, and a crash costs one row only. Engines
+run in vLLM's default mode, compiled (torch.compile, and CUDA graphs on a GPU), as
+users run them; ``--eager`` runs them without (vLLM's ``enforce_eager``: a faster start,
+slower steps). results.json records the mode asked for (``enforce_eager``) and, per
+row, the one each engine ran in (``execution_mode``).
 All configurations of one batch size get the same prompts, rendered once here with
 the model's chat template (each worker checks the rendering against ``llm.chat``).
 
@@ -121,6 +125,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--eager", action="store_true",
+                   help="engines without torch.compile and CUDA graphs (vLLM's "
+                        "enforce_eager); default: vLLM's compiled mode")
     p.add_argument("--attention-backend", default=None,
                    help="vLLM attention backend for every method (CUDA trees: FLEX_ATTENTION)")
     p.add_argument("--temperature", type=float, default=0.0)
@@ -536,9 +543,9 @@ def step_size_table(results: list[dict]) -> str:
 def markdown(report: dict) -> str:
     env = report["environment"]
     head = (f"# Offline benchmark\n\nModel `{report['model']}`, dataset `{report['dataset']}`, "
-            f"{env['dtype']}, max_tokens {report['max_tokens']}, temperature "
-            f"{report['temperature']}; vLLM {env['vllm']}, {env['cpu']} ({env['cpu_count']} "
-            f"cores), device {env['device']}, commit {env['git']['commit']}"
+            f"{env['dtype']}, {'eager' if report.get('enforce_eager') else 'compiled'}, "
+            f"max_tokens {report['max_tokens']}, temperature {report['temperature']}; "
+            f"vLLM {env['vllm']}, {env['cpu']} ({env['cpu_count']} cores), device {env['device']}, commit {env['git']['commit']}"
             f"{' (dirty)' if env['git']['dirty'] else ''}.\n\n")
     headers = ["method", "batch", "prompts", "tok/s", "vs none", "tok/forward", "accept rate",
                "util", "accepted per pos", "proposer share", "identical", "status"]
@@ -665,7 +672,7 @@ def main(argv: list[str] | None = None) -> int:
         "methods": methods, "skipped_prompts_too_long": skipped,
         "environment": bench_common.environment(args.dtype), "notes": [], "results": [],
         "repeats": args.repeats, "reference": args.reference,
-        "interleaved": bool(args.interleave),
+        "interleaved": bool(args.interleave), "enforce_eager": bool(args.eager),
     }
     unavailable: dict[str, str] = {}
     pythons: dict[str, str] = {}  # method -> interpreter, where not this one
@@ -699,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
             kv_cache_bytes(prompt_ids[:n], batch, args, per_token)
         return {"model": model, "speculative_config": methods[name], "dtype": args.dtype,
                 "max_model_len": args.max_model_len, "kv_cache_bytes": int(kv),
-                "attention_backend": args.attention_backend,
+                "attention_backend": args.attention_backend, "enforce_eager": args.eager,
                 "batch_size": batch, "max_tokens": args.max_tokens,
                 "temperature": args.temperature, "prompt_ids": prompt_ids[:n],
                 "categories": [p.category for p in prompts[:n]],
@@ -741,6 +748,12 @@ def main(argv: list[str] | None = None) -> int:
                      else str(row.get("reason", ""))[:120]))
     compare_with_none(report["results"], args.temperature)
     report["summary"] = summarize(report["results"], args.reference)
+    asked = "eager" if args.eager else "compiled"
+    other = sorted({f"{r['method']} b={r['batch_size']}" for r in report["results"]
+                    if (r.get("execution_mode") or {}).get("mode", asked) != asked})
+    if other:
+        report["notes"].append(f"warning: asked for {asked} engines, but vLLM ran "
+                               f"{', '.join(other)} otherwise (execution_mode in results.json)")
     if any(r.get("chat_render_matches") is False for r in report["results"]):
         report["notes"].append("warning: prompt rendering differs from llm.chat's")
     if args.temperature > 0:

@@ -3,6 +3,10 @@
 
 Usage (by offline.py, not by hand): ``python offline_worker.py JOB.json RESULT.json``.
 
+The engine runs in vLLM's default mode (compiled: torch.compile, and CUDA graphs on a
+GPU) unless the job says ``"enforce_eager": true`` (offline.py ``--eager``); the result
+records the mode the engine ended up in (``execution_mode``).
+
 The engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the parent
 before vLLM is imported) so that this process can drive ``llm_engine.step()``
 itself and wrap the drafter's ``propose`` to time it.
@@ -132,9 +136,23 @@ def _build_llm(job: dict):
     backend = {"attention_backend": job["attention_backend"]} \
         if job.get("attention_backend") else {}
     return LLM(job["model"], speculative_config=job["speculative_config"], dtype=job["dtype"],
-               enforce_eager=True, max_model_len=job["max_model_len"], seed=0,
-               kv_cache_memory_bytes=job["kv_cache_bytes"], max_num_seqs=job["batch_size"],
-               disable_log_stats=False, **backend)
+               enforce_eager=bool(job.get("enforce_eager")), max_model_len=job["max_model_len"],
+               seed=0, kv_cache_memory_bytes=job["kv_cache_bytes"],
+               max_num_seqs=job["batch_size"], disable_log_stats=False, **backend)
+
+
+def _execution_mode(llm) -> dict:
+    """The mode the engine runs in, as vLLM settled it (it can turn compilation or CUDA
+    graphs off by itself, e.g. for a backend that has none)."""
+    config = llm.llm_engine.vllm_config
+    compilation = config.compilation_config
+    eager = bool(config.model_config.enforce_eager)
+    cudagraph = getattr(compilation, "cudagraph_mode", None)
+    mode = getattr(compilation, "mode", None)
+    return {"enforce_eager": eager, "mode": "eager" if eager else "compiled",
+            "compilation_mode": getattr(mode, "name", None if mode is None else str(mode)),
+            "cudagraph_mode": getattr(cudagraph, "name",
+                                      None if cudagraph is None else str(cudagraph))}
 
 
 class StepSizes:
@@ -326,6 +344,7 @@ def run(job: dict) -> dict:
         # vLLM turns async scheduling off for ngram/custom drafters (and always on CPU);
         # on a GPU `none` keeps it, which is part of what the ratio then measures.
         "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
+        "execution_mode": _execution_mode(llm),
         # decode steps by verified tokens (at batch 1: 1 + the step's drafts)
         "step_sizes": gen["step_sizes"].summary(),
         # The batch's first engine step: the first prompts' prefill, the same work for
