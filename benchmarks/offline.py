@@ -422,6 +422,32 @@ def compare_with_none(rows: list[dict], temperature: float) -> None:
             r["identical_to_none"] = f"{same}/{len(first['token_ids'])}"
 
 
+def accepted_by_source(plugin: dict | None) -> dict[str, float] | None:
+    """The plugin's ``accepted_<source>`` counters over the measured run (its worker
+    stats at the end less those after the warm-up), the nonzero ones, whatever the
+    sources are; None for a row without the plugin's stats (no drafter of ours)."""
+    if not plugin or not plugin.get("end"):
+        return None
+    before = plugin.get("after_warmup") or {}
+    out = {}
+    for key, value in plugin["end"].items():
+        if key.startswith("accepted_") and isinstance(value, (int, float)) \
+                and not isinstance(value, bool):
+            delta = value - (before.get(key) or 0)
+            if delta:
+                out[key] = delta
+    return out
+
+
+def _sources_text(counts: dict | None) -> str | None:
+    """``retrieval 120 (80%), logits 30 (20%)``: accepted tokens by draft source."""
+    if counts is None:
+        return None
+    total = sum(counts.values())
+    return ", ".join(f"{k.removeprefix('accepted_')} {v:g} ({100 * v / total:.0f}%)"
+                     for k, v in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
+
+
 def _spread(values: list[float]) -> dict[str, Any]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values),
             "per_round": values}
@@ -460,6 +486,13 @@ def summarize(rows: list[dict], reference: str) -> list[dict]:
                                             for k in rounds]),
             "tokens_per_forward": statistics.median(by_round[k]["tokens_per_forward"]
                                                     for k in rounds)}
+        sources = [by_round[k].get("accepted_by_source") for k in rounds]
+        if any(s is not None for s in sources):  # summed over the rounds
+            total: dict[str, float] = {}
+            for counts in filter(None, sources):
+                for key, value in counts.items():
+                    total[key] = total.get(key, 0) + value
+            entry["accepted_by_source"] = total
         for ref_name in dict.fromkeys(["none", reference]):
             ref = runs.get((ref_name, batch), {})
             entry[f"vs_{ref_name}"] = _paired(by_round, ref,
@@ -553,7 +586,8 @@ def markdown(report: dict) -> str:
             f"vLLM {env['vllm']}, {env['cpu']} ({env['cpu_count']} cores), device {env['device']}, commit {env['git']['commit']}"
             f"{' (dirty)' if env['git']['dirty'] else ''}.\n\n")
     headers = ["method", "batch", "prompts", "tok/s", "vs none", "tok/forward", "accept rate",
-               "util", "accepted per pos", "proposer share", "identical", "status"]
+               "util", "accepted per pos", "accepted by source", "proposer share", "identical",
+               "status"]
     rows = []
     for r in report["results"]:
         spec = r.get("spec_decode") or {}
@@ -564,6 +598,7 @@ def markdown(report: dict) -> str:
                      r.get("tokens_per_forward"), spec.get("draft_acceptance_rate"),
                      spec.get("draft_utilization"),
                      _per_position(spec.get("accepted_tokens_per_position")),
+                     _sources_text(r.get("accepted_by_source")),
                      None if prop.get("share_of_step_time") is None
                      else f"{100 * prop['share_of_step_time']:.2f}%",
                      r.get("identical_to_none"),
@@ -578,11 +613,13 @@ def markdown(report: dict) -> str:
                  "are paired by round (each round runs every method once, order rotated).\n\n")
         text += bench_common.markdown_table(
             ["method", "batch", "rounds", "tok/s", "tok/s per round", "tok/forward",
-             *[f"vs {n}" for n in refs], *[f"vs {n} after the first step" for n in refs]],
+             *[f"vs {n}" for n in refs], *[f"vs {n} after the first step" for n in refs],
+             "accepted by source (all rounds)"],
             [[e["method"], e["batch_size"], e["rounds"], e["output_tokens_per_s"]["median"],
               " / ".join(f"{v:.1f}" for v in e["output_tokens_per_s"]["per_round"]),
               e["tokens_per_forward"], *[_ratio_text(e[f"vs_{n}"]) for n in refs],
-              *[_ratio_text(e[f"vs_{n}_after_first_step"]) for n in refs]]
+              *[_ratio_text(e[f"vs_{n}_after_first_step"]) for n in refs],
+              _sources_text(e.get("accepted_by_source"))]
              for e in report["summary"]])
         text += "\n## Every run\n\n"
     text += bench_common.markdown_table(headers, rows)
@@ -744,6 +781,8 @@ def main(argv: list[str] | None = None) -> int:
                                   args.timeout, pythons.get(name)))
         if name in pythons:
             row["python"] = pythons[name]
+        if row["status"] == "ok":
+            row["accepted_by_source"] = accepted_by_source(row.get("plugin_stats"))
         if row["status"] == "unavailable":  # same config at every batch size
             unavailable[name] = row["reason"]
         report["results"].append(row)
