@@ -4,13 +4,20 @@
     python benchmarks/matrix.py                                  # the whole matrix (hours on a CPU)
     python benchmarks/matrix.py --workloads copy-edit --batch-sizes 1 --dtypes float32
     python benchmarks/matrix.py --smoke                          # CI: one tiny cell, every step runs
+    python benchmarks/matrix.py --workloads tool-call agent-loop --dtypes float32
 
 Each cell (workload, dtype, batch size) is one ``offline.py`` run with ``--repeats``
 paired rounds; at batch 1 each round is interleaved (``offline.py --interleave``: the
 methods' engines side by side, prompt by prompt). Batch 1 and 64 run one wave of
 prompts (``--prompts-per-slot 1`` at batch 64); batch 8 runs steady load: 4 x 8
 prompts, so the batch stays full while
-requests finish and new ones start. A target is the median over rounds of
+requests finish and new ones start (likewise 4 x 16 at batch 16).
+
+Workloads: spec-bench, copy-edit, long-context and short-chat (batch 1, 8 and 64 by
+default), tool-call (BFCL single-turn function calls: batch 1, 8 and 16) and agent-loop
+(BFCL multi-turn conversations, each turn generated after the model's own answer to the
+previous one, ``offline.py --multi-turn``: batch 1); ``--batch-sizes`` sets one list
+for all. A target is the median over rounds of
 echo's throughput divided by the other method's *in the same round*; "best" is the
 method with the highest median throughput in that cell. Engines run in vLLM's default
 (compiled) mode; ``--eager`` passes ``--eager`` on to offline.py (vLLM's enforce_eager),
@@ -39,7 +46,17 @@ WORKLOADS = {
     "copy-edit": ("copy_edit_question.jsonl", 1),
     "long-context": ("long_context_question.jsonl", 1),
     "short-chat": ("short_chat_question.jsonl", 1),
+    # BFCL single-turn tool calls: 4 categories (simple, multiple, parallel, live simple)
+    "tool-call": ("tool_call_question.jsonl", 4),
+    # BFCL multi-turn conversations, played turn by turn with the model's own answers
+    "agent-loop": ("agent_loop_question.jsonl", 1),
 }
+# offline.py options a workload needs: the agent loop's conversations (function schemas
+# of up to two APIs, up to 7 turns) need up to 7,000 tokens at 128 tokens per answer.
+WORKLOAD_ARGS = {"agent-loop": ["--multi-turn", "--max-model-len", "8192"]}
+# Batch sizes a workload runs unless --batch-sizes names others (then all run those).
+DEFAULT_BATCH_SIZES = [1, 8, 64]
+WORKLOAD_BATCH_SIZES = {"tool-call": [1, 8, 16], "agent-loop": [1]}
 # The fixed configurations echo is compared with, and echo's ablations (shown, not targets).
 FIXED = ["none", "ngram", "ngram8", "logitspec", "logitspec-tree"]
 ABLATIONS = ["echo-tree"]
@@ -96,7 +113,8 @@ def run_cell(args, workload: str, dtype: str, batch: int, out: Path) -> dict:
     argv = ["--dataset", WORKLOADS[workload][0], "--dtype", dtype, "--batch-sizes", str(batch),
             "--num-prompts", str(prompts_for(workload, batch, args.prompts)),
             "--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats),
-            "--reference", "echo", "--out", str(out), "--methods", *methods]
+            "--reference", "echo", "--out", str(out), "--methods", *methods,
+            *WORKLOAD_ARGS.get(workload, [])]
     offline.main(argv + (["--interleave"] if batch == 1 else [])
                  + (["--eager"] if args.eager else []))
     return json.loads((out / "results.json").read_text(encoding="utf-8"))
@@ -128,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 64])
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=None,
+                   help=f"default: {' '.join(map(str, DEFAULT_BATCH_SIZES))}, except "
+                        + "; ".join(f"{w}: {' '.join(map(str, b))}"
+                                    for w, b in WORKLOAD_BATCH_SIZES.items()))
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
                    choices=["float32", "bfloat16"])
     p.add_argument("--repeats", type=int, default=3)
@@ -152,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     cells: list[dict[str, Any]] = []
     for workload in args.workloads:
         for dtype in args.dtypes:
-            for batch in args.batch_sizes:
+            for batch in args.batch_sizes or WORKLOAD_BATCH_SIZES.get(workload,
+                                                                      DEFAULT_BATCH_SIZES):
                 report = run_cell(args, workload, dtype, batch,
                                   out / f"{workload}-{dtype}-b{batch}")
                 # Prompts that ran: fewer than asked where the workload has fewer

@@ -6,6 +6,9 @@
     python benchmarks/offline.py --spec 'ls8={"method":"logitspec","num_speculative_tokens":8}'
     python benchmarks/offline.py --smoke               # CI: 2 prompts, batch 1, 16 tokens
     python benchmarks/offline.py --methods none suffix # after scripts/bootstrap_suffix.sh
+    python benchmarks/offline.py --dataset tool_call_question.jsonl --batch-sizes 1 8 16
+    python benchmarks/offline.py --multi-turn --dataset agent_loop_question.jsonl \\
+        --max-model-len 8192
 
 Every (method, batch size) runs in its own process (offline_worker.py): no engine
 state, caches or compiled kernels are shared, and a crash costs one row only. Engines
@@ -23,6 +26,14 @@ clock of that generation (after a 1-prompt warm-up), ratios are to ``none`` of t
 same batch size in the same invocation. No prompt reaches an engine twice: the warm-up
 prompt is never measured, and a prompt whose text repeats an earlier one is passed over
 (a drafter that remembered earlier requests would otherwise replay answers it had seen).
+
+``--multi-turn`` plays every turn of each row (the agent loop: BFCL's multi-turn
+conversations, whose function schemas become the system message): the conversations
+of a batch advance turn by turn, each answer appended to its history (chat format)
+before the next user turn; throughput counts every generated token over the turns'
+generation time, identity compares each conversation's tokens over all its turns.
+The conversations fit max_model_len with every answer max_tokens long (the agent
+loop's need 8192).
 
 ``--repeats R`` runs every configuration R times, in rounds: each round runs every
 method once, in an order rotated by one each round, so no method always goes first
@@ -124,6 +135,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dataset", default="spec_bench_question.jsonl",
                    help="JSONL path, or a file name in vllm_echo/data "
                         "(e.g. humaneval_question.jsonl, gsm8k_question.jsonl)")
+    p.add_argument("--multi-turn", action="store_true",
+                   help="play every turn of each row, the model's answer appended to the "
+                        "history before the next user turn; a row's 'functions' become its "
+                        "system message (agent_loop_question.jsonl)")
     p.add_argument("--model", default=None, help="local HF folder (default: embedded model)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--max-tokens", type=int, default=128)
@@ -191,16 +206,18 @@ def kv_bytes_per_token(model: str, dtype: str) -> int:
     return 2 * cfg["num_hidden_layers"] * heads * head_dim * (4 if dtype == "float32" else 2)
 
 
-def kv_cache_bytes(prompt_ids: list[list[int]], batch: int, args, per_token: int) -> int:
+def kv_cache_bytes(lengths: list[int], batch: int, args, per_token: int) -> int:
     """Room for the ``batch`` longest requests at once (no preemption), with slack for
-    drafts and block rounding; never less than one max_model_len request (vLLM's check)."""
-    longest = sorted((len(p) for p in prompt_ids), reverse=True)[:batch]
+    drafts and block rounding; never less than one max_model_len request (vLLM's check).
+    ``lengths``: the prompts' lengths in tokens (with --multi-turn, each conversation's
+    estimated length at its last turn)."""
+    longest = sorted(lengths, reverse=True)[:batch]
     tokens = sum(longest) + len(longest) * (args.max_tokens + 192)
     return int(max(1.1 * tokens, args.max_model_len + 256) * per_token)
 
 
-def prepare_prompts(args, model: str, count: int):
-    """Category-spread prompts that fit max_model_len, rendered to token ids."""
+def _renderer(model: str):
+    """messages -> prompt ids with the model's chat template (as llm.chat renders them)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
@@ -209,6 +226,12 @@ def prepare_prompts(args, model: str, count: int):
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
+    return render
+
+
+def prepare_prompts(args, model: str, count: int):
+    """Category-spread prompts that fit max_model_len, rendered to token ids."""
+    render = _renderer(model)
     rendered: dict[str, list[int]] = {}
 
     def fits(p) -> bool:
@@ -222,6 +245,38 @@ def prepare_prompts(args, model: str, count: int):
     workloads.check_no_repeats([offline_worker.WARMUP_MESSAGE], [p.text for p in chosen])
     warm = render([{"role": "user", "content": offline_worker.WARMUP_MESSAGE}])
     return chosen, [rendered[p.text] for p in chosen], warm, skipped
+
+
+# Per turn, the tokens of an answer's chat-template frame (besides its max_tokens).
+TURN_FRAME_TOKENS = 16
+
+
+def prepare_conversations(args, model: str, count: int):
+    """--multi-turn: category-spread conversations (benchmarks/workloads.py) that fit
+    max_model_len at their last turn with every answer max_tokens long, estimated as
+    the system message and all user turns rendered plus ``max_tokens +
+    TURN_FRAME_TOKENS`` per turn. Returns (conversations, estimated lengths, warm-up
+    ids, skipped)."""
+    import offline_worker  # light module: its vLLM imports are inside functions
+
+    render = _renderer(model)
+    chosen, lengths, skipped, seen = [], [], 0, set()
+    for c in bench_common.spread_order(workloads.load_conversations(args.dataset)):
+        if len(chosen) == count:
+            break
+        if c.turns in seen:
+            continue
+        seen.add(c.turns)
+        length = len(render(c.messages())) + len(c.turns) * (args.max_tokens
+                                                              + TURN_FRAME_TOKENS)
+        if length <= args.max_model_len:
+            chosen.append(c)
+            lengths.append(length)
+        else:
+            skipped += 1
+    workloads.check_no_repeats([offline_worker.WARMUP_MESSAGE], [c.turns for c in chosen])
+    warm = render([{"role": "user", "content": offline_worker.WARMUP_MESSAGE}])
+    return chosen, lengths, warm, skipped
 
 
 def runs_in_suffix_venv(spec: dict | None) -> bool:
@@ -385,7 +440,8 @@ def run_interleaved(jobs: dict[str, dict], workdir: Path, tags: dict[str, str],
     workers = {name: _InterleavedWorker(job, workdir, tags[name], pythons.get(name))
                for name, job in jobs.items()}
     live = [name for name, worker in workers.items() if worker.reply(timeout) is not None]
-    num_prompts = len(next(iter(jobs.values()))["prompt_ids"]) if jobs else 0
+    first = next(iter(jobs.values()), {})
+    num_prompts = len(first.get("conversations") or first.get("prompt_ids") or [])
     for index in range(num_prompts):
         shift = (rotation + index) % max(len(live), 1)
         for name in live[shift:] + live[:shift]:
@@ -583,8 +639,14 @@ def markdown(report: dict) -> str:
     head = (f"# Offline benchmark\n\nModel `{report['model']}`, dataset `{report['dataset']}`, "
             f"{env['dtype']}, {'eager' if report.get('enforce_eager') else 'compiled'}, "
             f"max_tokens {report['max_tokens']}, temperature {report['temperature']}; "
-            f"vLLM {env['vllm']}, {env['cpu']} ({env['cpu_count']} cores), device {env['device']}, commit {env['git']['commit']}"
+            f"vLLM {env['vllm']}, {env['cpu']} ({env['cpu_count']} cores), device "
+            f"{env['device']}, commit {env['git']['commit']}"
             f"{' (dirty)' if env['git']['dirty'] else ''}.\n\n")
+    if report.get("multi_turn"):
+        turns = next((sum(r["turns"]) for r in report["results"] if r.get("turns")), None)
+        head += ("Multi-turn: each prompt is a conversation played turn by turn, the model's "
+                 "answers in its history; tokens, times and forwards sum over the turns"
+                 + (f" ({turns} turns per run)" if turns else "") + ".\n\n")
     headers = ["method", "batch", "prompts", "tok/s", "vs none", "tok/forward", "accept rate",
                "util", "accepted per pos", "accepted by source", "proposer share", "identical",
                "status"]
@@ -701,7 +763,18 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(exist_ok=True)
 
     count = max([args.num_prompts, *args.batch_sizes])
-    prompts, prompt_ids, warm_ids, skipped = prepare_prompts(args, model, count)
+    if args.multi_turn:
+        prompts, lengths, warm_ids, skipped = prepare_conversations(args, model, count)
+        items = {"conversations": [{"system": c.system, "turns": list(c.turns)}
+                                   for c in prompts]}
+    else:
+        prompts, prompt_ids, warm_ids, skipped = prepare_prompts(args, model, count)
+        lengths, items = [len(p) for p in prompt_ids], {"prompt_ids": prompt_ids}
+    if not prompts:
+        raise SystemExit(f"none of {args.dataset}'s prompts fits --max-model-len "
+                         f"{args.max_model_len} with --max-tokens {args.max_tokens}"
+                         + (" at every turn (the agent loop needs 8192)"
+                            if args.multi_turn else ""))
     if len(prompts) < min(args.num_prompts, count):
         print(f"note: {len(prompts)} prompts run, {count} asked: the dataset has no more "
               "that fit max_model_len", file=sys.stderr)
@@ -715,6 +788,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": bench_common.environment(args.dtype), "notes": [], "results": [],
         "repeats": args.repeats, "reference": args.reference,
         "interleaved": bool(args.interleave), "enforce_eager": bool(args.eager),
+        "multi_turn": bool(args.multi_turn),
     }
     unavailable: dict[str, str] = {}
     pythons: dict[str, str] = {}  # method -> interpreter, where not this one
@@ -745,12 +819,13 @@ def main(argv: list[str] | None = None) -> int:
     def job_for(name: str, batch: int) -> dict:
         n = max(args.num_prompts, batch)
         kv = args.kv_cache_gib * 2**30 if args.kv_cache_gib else \
-            kv_cache_bytes(prompt_ids[:n], batch, args, per_token)
+            kv_cache_bytes(lengths[:n], batch, args, per_token)
         return {"model": model, "speculative_config": methods[name], "dtype": args.dtype,
                 "max_model_len": args.max_model_len, "kv_cache_bytes": int(kv),
                 "attention_backend": args.attention_backend, "enforce_eager": args.eager,
                 "batch_size": batch, "max_tokens": args.max_tokens,
-                "temperature": args.temperature, "prompt_ids": prompt_ids[:n],
+                "temperature": args.temperature,
+                **{key: value[:n] for key, value in items.items()},
                 "categories": [p.category for p in prompts[:n]],
                 "warmup_prompt_ids": warm_ids}
 
