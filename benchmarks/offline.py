@@ -22,10 +22,11 @@ the model's chat template (each worker checks the rendering against ``llm.chat``
 Batch size b means: max_num_seqs = b and all prompts submitted at once, with
 max(num_prompts, b) prompts so the batch starts full; with the defaults that is 24
 prompts for b <= 24 and 64 for b = 64. Throughput is output tokens over the wall
-clock of that generation (after a 1-prompt warm-up), ratios are to ``none`` of the
-same batch size in the same invocation. No prompt reaches an engine twice: the warm-up
-prompt is never measured, and a prompt whose text repeats an earlier one is passed over
-(a drafter that remembered earlier requests would otherwise replay answers it had seen).
+clock of that generation (after a 1-prompt warm-up, or none with ``--no-warmup``: a
+cold start), ratios are to ``none`` of the same batch size in the same invocation. No
+prompt reaches an engine twice: the warm-up prompt is never measured, and a prompt
+whose text repeats an earlier one is passed over (a drafter that remembered earlier
+requests would otherwise replay answers it had seen).
 
 ``--multi-turn`` plays every turn of each row (the agent loop: BFCL's multi-turn
 conversations, whose function schemas become the system message): the conversations
@@ -160,6 +161,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reference", default="none",
                    help="method every other one is also compared with, per round "
                         "(e.g. echo, to read echo / ngram directly)")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="a cold start: measure each fresh engine from its first request, "
+                        "with no warm-up request before (kernels compile and drafters "
+                        "learn during the measured run)")
     p.add_argument("--interleave", action="store_true",
                    help="batch 1: run a round's methods side by side, prompt by prompt")
     p.add_argument("--smoke", action="store_true",
@@ -638,7 +643,8 @@ def markdown(report: dict) -> str:
     env = report["environment"]
     head = (f"# Offline benchmark\n\nModel `{report['model']}`, dataset `{report['dataset']}`, "
             f"{env['dtype']}, {'eager' if report.get('enforce_eager') else 'compiled'}, "
-            f"max_tokens {report['max_tokens']}, temperature {report['temperature']}; "
+            f"max_tokens {report['max_tokens']}, temperature {report['temperature']}"
+            f"{'' if report.get('warmup', True) else ', cold start (no warm-up)'}; "
             f"vLLM {env['vllm']}, {env['cpu']} ({env['cpu_count']} cores), device "
             f"{env['device']}, commit {env['git']['commit']}"
             f"{' (dirty)' if env['git']['dirty'] else ''}.\n\n")
@@ -788,7 +794,7 @@ def main(argv: list[str] | None = None) -> int:
         "environment": bench_common.environment(args.dtype), "notes": [], "results": [],
         "repeats": args.repeats, "reference": args.reference,
         "interleaved": bool(args.interleave), "enforce_eager": bool(args.eager),
-        "multi_turn": bool(args.multi_turn),
+        "multi_turn": bool(args.multi_turn), "warmup": not args.no_warmup,
     }
     unavailable: dict[str, str] = {}
     pythons: dict[str, str] = {}  # method -> interpreter, where not this one
@@ -823,6 +829,7 @@ def main(argv: list[str] | None = None) -> int:
         return {"model": model, "speculative_config": methods[name], "dtype": args.dtype,
                 "max_model_len": args.max_model_len, "kv_cache_bytes": int(kv),
                 "attention_backend": args.attention_backend, "enforce_eager": args.eager,
+                "warmup": not args.no_warmup,
                 "batch_size": batch, "max_tokens": args.max_tokens,
                 "temperature": args.temperature,
                 **{key: value[:n] for key, value in items.items()},

@@ -3,6 +3,10 @@
 
 Usage (by offline.py, not by hand): ``python offline_worker.py JOB.json RESULT.json``.
 
+Before the measured prompts the worker warms the engine up with one prompt that is
+never measured, unless the job says ``"warmup": false`` (offline.py ``--no-warmup``:
+a cold start, e.g. matrix.py's cold-start cell).
+
 The engine runs in vLLM's default mode (compiled: torch.compile, and CUDA graphs on a
 GPU) unless the job says ``"enforce_eager": true`` (offline.py ``--eager``); the result
 records the mode the engine ended up in (``execution_mode``).
@@ -373,12 +377,15 @@ def run(job: dict) -> dict:
                               seed=0 if job["temperature"] > 0 else None, output_kind=kind)
 
     # Warm-up through llm.chat: compiles numba kernels, and checks that our rendering
-    # of the chat template gives exactly the prompt ids llm.chat would send.
-    warm = llm.chat([{"role": "user", "content": WARMUP_MESSAGE}],
-                    params(min(16, job["max_tokens"]), RequestOutputKind.FINAL_ONLY),
-                    use_tqdm=False)
-    chat_render_matches = list(warm[0].prompt_token_ids) == job["warmup_prompt_ids"]
-    llm.reset_prefix_cache()
+    # of the chat template gives exactly the prompt ids llm.chat would send. A cold
+    # start ("warmup": false, offline.py --no-warmup) measures the fresh engine instead.
+    chat_render_matches = None
+    if job.get("warmup", True):
+        warm = llm.chat([{"role": "user", "content": WARMUP_MESSAGE}],
+                        params(min(16, job["max_tokens"]), RequestOutputKind.FINAL_ONLY),
+                        use_tqdm=False)
+        chat_render_matches = list(warm[0].prompt_token_ids) == job["warmup_prompt_ids"]
+        llm.reset_prefix_cache()
 
     counters_before = _spec_counters(llm)
     plugin_before = _plugin_stats(llm)
@@ -432,7 +439,8 @@ def run(job: dict) -> dict:
         if job["speculative_config"] else None,
         "proposer": proposer,
         "plugin_stats": plugin,
-        "chat_render_matches": chat_render_matches,
+        "chat_render_matches": chat_render_matches,  # None without a warm-up
+        "warmup": bool(job.get("warmup", True)),
         # vLLM turns async scheduling off for ngram/custom drafters (and always on CPU);
         # on a GPU `none` keeps it, which is part of what the ratio then measures.
         "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
