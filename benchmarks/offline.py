@@ -6,17 +6,35 @@
     python benchmarks/offline.py --spec 'ls8={"method":"logitspec","num_speculative_tokens":8}'
     python benchmarks/offline.py --smoke               # CI: 2 prompts, batch 1, 16 tokens
     python benchmarks/offline.py --methods none suffix # after scripts/bootstrap_suffix.sh
+    python benchmarks/offline.py --dataset tool_call_question.jsonl --batch-sizes 1 8 16
+    python benchmarks/offline.py --multi-turn --dataset agent_loop_question.jsonl \\
+        --max-model-len 8192
 
 Every (method, batch size) runs in its own process (offline_worker.py): no engine
-state, caches or compiled kernels are shared, and a crash costs one row only.
+state, caches or compiled kernels are shared, and a crash costs one row only. Engines
+run in vLLM's default mode, compiled (torch.compile, and CUDA graphs on a GPU), as
+users run them; ``--eager`` runs them without (vLLM's ``enforce_eager``: a faster start,
+slower steps). results.json records the mode asked for (``enforce_eager``) and, per
+row, the one each engine ran in (``execution_mode``).
 All configurations of one batch size get the same prompts, rendered once here with
 the model's chat template (each worker checks the rendering against ``llm.chat``).
 
 Batch size b means: max_num_seqs = b and all prompts submitted at once, with
 max(num_prompts, b) prompts so the batch starts full; with the defaults that is 24
 prompts for b <= 24 and 64 for b = 64. Throughput is output tokens over the wall
-clock of that generation (after a 1-prompt warm-up), ratios are to ``none`` of the
-same batch size in the same invocation.
+clock of that generation (after a 1-prompt warm-up, or none with ``--no-warmup``: a
+cold start), ratios are to ``none`` of the same batch size in the same invocation. No
+prompt reaches an engine twice: the warm-up prompt is never measured, and a prompt
+whose text repeats an earlier one is passed over (a drafter that remembered earlier
+requests would otherwise replay answers it had seen).
+
+``--multi-turn`` plays every turn of each row (the agent loop: BFCL's multi-turn
+conversations, whose function schemas become the system message): the conversations
+of a batch advance turn by turn, each answer appended to its history (chat format)
+before the next user turn; throughput counts every generated token over the turns'
+generation time, identity compares each conversation's tokens over all its turns.
+The conversations fit max_model_len with every answer max_tokens long (the agent
+loop's need 8192).
 
 ``--repeats R`` runs every configuration R times, in rounds: each round runs every
 method once, in an order rotated by one each round, so no method always goes first
@@ -76,6 +94,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common  # noqa: E402
+import workloads  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "offline_worker.py"
 REPO = Path(__file__).resolve().parents[1]
@@ -117,10 +136,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dataset", default="spec_bench_question.jsonl",
                    help="JSONL path, or a file name in vllm_echo/data "
                         "(e.g. humaneval_question.jsonl, gsm8k_question.jsonl)")
+    p.add_argument("--multi-turn", action="store_true",
+                   help="play every turn of each row, the model's answer appended to the "
+                        "history before the next user turn; a row's 'functions' become its "
+                        "system message (agent_loop_question.jsonl)")
     p.add_argument("--model", default=None, help="local HF folder (default: embedded model)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--eager", action="store_true",
+                   help="engines without torch.compile and CUDA graphs (vLLM's "
+                        "enforce_eager); default: vLLM's compiled mode")
     p.add_argument("--attention-backend", default=None,
                    help="vLLM attention backend for every method (CUDA trees: FLEX_ATTENTION)")
     p.add_argument("--temperature", type=float, default=0.0)
@@ -135,6 +161,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reference", default="none",
                    help="method every other one is also compared with, per round "
                         "(e.g. echo, to read echo / ngram directly)")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="a cold start: measure each fresh engine from its first request, "
+                        "with no warm-up request before (kernels compile and drafters "
+                        "learn during the measured run)")
     p.add_argument("--interleave", action="store_true",
                    help="batch 1: run a round's methods side by side, prompt by prompt")
     p.add_argument("--smoke", action="store_true",
@@ -181,16 +211,18 @@ def kv_bytes_per_token(model: str, dtype: str) -> int:
     return 2 * cfg["num_hidden_layers"] * heads * head_dim * (4 if dtype == "float32" else 2)
 
 
-def kv_cache_bytes(prompt_ids: list[list[int]], batch: int, args, per_token: int) -> int:
+def kv_cache_bytes(lengths: list[int], batch: int, args, per_token: int) -> int:
     """Room for the ``batch`` longest requests at once (no preemption), with slack for
-    drafts and block rounding; never less than one max_model_len request (vLLM's check)."""
-    longest = sorted((len(p) for p in prompt_ids), reverse=True)[:batch]
+    drafts and block rounding; never less than one max_model_len request (vLLM's check).
+    ``lengths``: the prompts' lengths in tokens (with --multi-turn, each conversation's
+    estimated length at its last turn)."""
+    longest = sorted(lengths, reverse=True)[:batch]
     tokens = sum(longest) + len(longest) * (args.max_tokens + 192)
     return int(max(1.1 * tokens, args.max_model_len + 256) * per_token)
 
 
-def prepare_prompts(args, model: str, count: int):
-    """Category-spread prompts that fit max_model_len, rendered to token ids."""
+def _renderer(model: str):
+    """messages -> prompt ids with the model's chat template (as llm.chat renders them)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model)
@@ -199,6 +231,12 @@ def prepare_prompts(args, model: str, count: int):
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
+    return render
+
+
+def prepare_prompts(args, model: str, count: int):
+    """Category-spread prompts that fit max_model_len, rendered to token ids."""
+    render = _renderer(model)
     rendered: dict[str, list[int]] = {}
 
     def fits(p) -> bool:
@@ -208,8 +246,42 @@ def prepare_prompts(args, model: str, count: int):
     chosen, skipped = bench_common.load_prompts_fitting(args.dataset, count, fits)
     import offline_worker  # light module: its vLLM imports are inside functions
 
+    # The warm-up prompt is never measured, and no measured prompt repeats.
+    workloads.check_no_repeats([offline_worker.WARMUP_MESSAGE], [p.text for p in chosen])
     warm = render([{"role": "user", "content": offline_worker.WARMUP_MESSAGE}])
     return chosen, [rendered[p.text] for p in chosen], warm, skipped
+
+
+# Per turn, the tokens of an answer's chat-template frame (besides its max_tokens).
+TURN_FRAME_TOKENS = 16
+
+
+def prepare_conversations(args, model: str, count: int):
+    """--multi-turn: category-spread conversations (benchmarks/workloads.py) that fit
+    max_model_len at their last turn with every answer max_tokens long, estimated as
+    the system message and all user turns rendered plus ``max_tokens +
+    TURN_FRAME_TOKENS`` per turn. Returns (conversations, estimated lengths, warm-up
+    ids, skipped)."""
+    import offline_worker  # light module: its vLLM imports are inside functions
+
+    render = _renderer(model)
+    chosen, lengths, skipped, seen = [], [], 0, set()
+    for c in bench_common.spread_order(workloads.load_conversations(args.dataset)):
+        if len(chosen) == count:
+            break
+        if c.turns in seen:
+            continue
+        seen.add(c.turns)
+        length = len(render(c.messages())) + len(c.turns) * (args.max_tokens
+                                                              + TURN_FRAME_TOKENS)
+        if length <= args.max_model_len:
+            chosen.append(c)
+            lengths.append(length)
+        else:
+            skipped += 1
+    workloads.check_no_repeats([offline_worker.WARMUP_MESSAGE], [c.turns for c in chosen])
+    warm = render([{"role": "user", "content": offline_worker.WARMUP_MESSAGE}])
+    return chosen, lengths, warm, skipped
 
 
 def runs_in_suffix_venv(spec: dict | None) -> bool:
@@ -373,7 +445,8 @@ def run_interleaved(jobs: dict[str, dict], workdir: Path, tags: dict[str, str],
     workers = {name: _InterleavedWorker(job, workdir, tags[name], pythons.get(name))
                for name, job in jobs.items()}
     live = [name for name, worker in workers.items() if worker.reply(timeout) is not None]
-    num_prompts = len(next(iter(jobs.values()))["prompt_ids"]) if jobs else 0
+    first = next(iter(jobs.values()), {})
+    num_prompts = len(first.get("conversations") or first.get("prompt_ids") or [])
     for index in range(num_prompts):
         shift = (rotation + index) % max(len(live), 1)
         for name in live[shift:] + live[:shift]:
@@ -408,6 +481,32 @@ def compare_with_none(rows: list[dict], temperature: float) -> None:
         if temperature == 0 and first is not None:
             same = sum(a == b for a, b in zip(r["token_ids"], first["token_ids"]))
             r["identical_to_none"] = f"{same}/{len(first['token_ids'])}"
+
+
+def accepted_by_source(plugin: dict | None) -> dict[str, float] | None:
+    """The plugin's ``accepted_<source>`` counters over the measured run (its worker
+    stats at the end less those after the warm-up), the nonzero ones, whatever the
+    sources are; None for a row without the plugin's stats (no drafter of ours)."""
+    if not plugin or not plugin.get("end"):
+        return None
+    before = plugin.get("after_warmup") or {}
+    out = {}
+    for key, value in plugin["end"].items():
+        if key.startswith("accepted_") and isinstance(value, (int, float)) \
+                and not isinstance(value, bool):
+            delta = value - (before.get(key) or 0)
+            if delta:
+                out[key] = delta
+    return out
+
+
+def _sources_text(counts: dict | None) -> str | None:
+    """``retrieval 120 (80%), logits 30 (20%)``: accepted tokens by draft source."""
+    if counts is None:
+        return None
+    total = sum(counts.values())
+    return ", ".join(f"{k.removeprefix('accepted_')} {v:g} ({100 * v / total:.0f}%)"
+                     for k, v in sorted(counts.items(), key=lambda kv: -kv[1])) or "none"
 
 
 def _spread(values: list[float]) -> dict[str, Any]:
@@ -448,6 +547,13 @@ def summarize(rows: list[dict], reference: str) -> list[dict]:
                                             for k in rounds]),
             "tokens_per_forward": statistics.median(by_round[k]["tokens_per_forward"]
                                                     for k in rounds)}
+        sources = [by_round[k].get("accepted_by_source") for k in rounds]
+        if any(s is not None for s in sources):  # summed over the rounds
+            total: dict[str, float] = {}
+            for counts in filter(None, sources):
+                for key, value in counts.items():
+                    total[key] = total.get(key, 0) + value
+            entry["accepted_by_source"] = total
         for ref_name in dict.fromkeys(["none", reference]):
             ref = runs.get((ref_name, batch), {})
             entry[f"vs_{ref_name}"] = _paired(by_round, ref,
@@ -536,12 +642,20 @@ def step_size_table(results: list[dict]) -> str:
 def markdown(report: dict) -> str:
     env = report["environment"]
     head = (f"# Offline benchmark\n\nModel `{report['model']}`, dataset `{report['dataset']}`, "
-            f"{env['dtype']}, max_tokens {report['max_tokens']}, temperature "
-            f"{report['temperature']}; vLLM {env['vllm']}, {env['cpu']} ({env['cpu_count']} "
-            f"cores), device {env['device']}, commit {env['git']['commit']}"
+            f"{env['dtype']}, {'eager' if report.get('enforce_eager') else 'compiled'}, "
+            f"max_tokens {report['max_tokens']}, temperature {report['temperature']}"
+            f"{'' if report.get('warmup', True) else ', cold start (no warm-up)'}; "
+            f"vLLM {env['vllm']}, {env['cpu']} ({env['cpu_count']} cores), device "
+            f"{env['device']}, commit {env['git']['commit']}"
             f"{' (dirty)' if env['git']['dirty'] else ''}.\n\n")
+    if report.get("multi_turn"):
+        turns = next((sum(r["turns"]) for r in report["results"] if r.get("turns")), None)
+        head += ("Multi-turn: each prompt is a conversation played turn by turn, the model's "
+                 "answers in its history; tokens, times and forwards sum over the turns"
+                 + (f" ({turns} turns per run)" if turns else "") + ".\n\n")
     headers = ["method", "batch", "prompts", "tok/s", "vs none", "tok/forward", "accept rate",
-               "util", "accepted per pos", "proposer share", "identical", "status"]
+               "util", "accepted per pos", "accepted by source", "proposer share", "identical",
+               "status"]
     rows = []
     for r in report["results"]:
         spec = r.get("spec_decode") or {}
@@ -552,6 +666,7 @@ def markdown(report: dict) -> str:
                      r.get("tokens_per_forward"), spec.get("draft_acceptance_rate"),
                      spec.get("draft_utilization"),
                      _per_position(spec.get("accepted_tokens_per_position")),
+                     _sources_text(r.get("accepted_by_source")),
                      None if prop.get("share_of_step_time") is None
                      else f"{100 * prop['share_of_step_time']:.2f}%",
                      r.get("identical_to_none"),
@@ -566,11 +681,13 @@ def markdown(report: dict) -> str:
                  "are paired by round (each round runs every method once, order rotated).\n\n")
         text += bench_common.markdown_table(
             ["method", "batch", "rounds", "tok/s", "tok/s per round", "tok/forward",
-             *[f"vs {n}" for n in refs], *[f"vs {n} after the first step" for n in refs]],
+             *[f"vs {n}" for n in refs], *[f"vs {n} after the first step" for n in refs],
+             "accepted by source (all rounds)"],
             [[e["method"], e["batch_size"], e["rounds"], e["output_tokens_per_s"]["median"],
               " / ".join(f"{v:.1f}" for v in e["output_tokens_per_s"]["per_round"]),
               e["tokens_per_forward"], *[_ratio_text(e[f"vs_{n}"]) for n in refs],
-              *[_ratio_text(e[f"vs_{n}_after_first_step"]) for n in refs]]
+              *[_ratio_text(e[f"vs_{n}_after_first_step"]) for n in refs],
+              _sources_text(e.get("accepted_by_source"))]
              for e in report["summary"]])
         text += "\n## Every run\n\n"
     text += bench_common.markdown_table(headers, rows)
@@ -652,7 +769,18 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(exist_ok=True)
 
     count = max([args.num_prompts, *args.batch_sizes])
-    prompts, prompt_ids, warm_ids, skipped = prepare_prompts(args, model, count)
+    if args.multi_turn:
+        prompts, lengths, warm_ids, skipped = prepare_conversations(args, model, count)
+        items = {"conversations": [{"system": c.system, "turns": list(c.turns)}
+                                   for c in prompts]}
+    else:
+        prompts, prompt_ids, warm_ids, skipped = prepare_prompts(args, model, count)
+        lengths, items = [len(p) for p in prompt_ids], {"prompt_ids": prompt_ids}
+    if not prompts:
+        raise SystemExit(f"none of {args.dataset}'s prompts fits --max-model-len "
+                         f"{args.max_model_len} with --max-tokens {args.max_tokens}"
+                         + (" at every turn (the agent loop needs 8192)"
+                            if args.multi_turn else ""))
     if len(prompts) < min(args.num_prompts, count):
         print(f"note: {len(prompts)} prompts run, {count} asked: the dataset has no more "
               "that fit max_model_len", file=sys.stderr)
@@ -665,7 +793,8 @@ def main(argv: list[str] | None = None) -> int:
         "methods": methods, "skipped_prompts_too_long": skipped,
         "environment": bench_common.environment(args.dtype), "notes": [], "results": [],
         "repeats": args.repeats, "reference": args.reference,
-        "interleaved": bool(args.interleave),
+        "interleaved": bool(args.interleave), "enforce_eager": bool(args.eager),
+        "multi_turn": bool(args.multi_turn), "warmup": not args.no_warmup,
     }
     unavailable: dict[str, str] = {}
     pythons: dict[str, str] = {}  # method -> interpreter, where not this one
@@ -696,12 +825,14 @@ def main(argv: list[str] | None = None) -> int:
     def job_for(name: str, batch: int) -> dict:
         n = max(args.num_prompts, batch)
         kv = args.kv_cache_gib * 2**30 if args.kv_cache_gib else \
-            kv_cache_bytes(prompt_ids[:n], batch, args, per_token)
+            kv_cache_bytes(lengths[:n], batch, args, per_token)
         return {"model": model, "speculative_config": methods[name], "dtype": args.dtype,
                 "max_model_len": args.max_model_len, "kv_cache_bytes": int(kv),
-                "attention_backend": args.attention_backend,
+                "attention_backend": args.attention_backend, "enforce_eager": args.eager,
+                "warmup": not args.no_warmup,
                 "batch_size": batch, "max_tokens": args.max_tokens,
-                "temperature": args.temperature, "prompt_ids": prompt_ids[:n],
+                "temperature": args.temperature,
+                **{key: value[:n] for key, value in items.items()},
                 "categories": [p.category for p in prompts[:n]],
                 "warmup_prompt_ids": warm_ids}
 
@@ -732,6 +863,8 @@ def main(argv: list[str] | None = None) -> int:
                                   args.timeout, pythons.get(name)))
         if name in pythons:
             row["python"] = pythons[name]
+        if row["status"] == "ok":
+            row["accepted_by_source"] = accepted_by_source(row.get("plugin_stats"))
         if row["status"] == "unavailable":  # same config at every batch size
             unavailable[name] = row["reason"]
         report["results"].append(row)
@@ -741,6 +874,12 @@ def main(argv: list[str] | None = None) -> int:
                      else str(row.get("reason", ""))[:120]))
     compare_with_none(report["results"], args.temperature)
     report["summary"] = summarize(report["results"], args.reference)
+    asked = "eager" if args.eager else "compiled"
+    other = sorted({f"{r['method']} b={r['batch_size']}" for r in report["results"]
+                    if (r.get("execution_mode") or {}).get("mode", asked) != asked})
+    if other:
+        report["notes"].append(f"warning: asked for {asked} engines, but vLLM ran "
+                               f"{', '.join(other)} otherwise (execution_mode in results.json)")
     if any(r.get("chat_render_matches") is False for r in report["results"]):
         report["notes"].append("warning: prompt rendering differs from llm.chat's")
     if args.temperature > 0:

