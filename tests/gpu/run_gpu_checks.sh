@@ -70,7 +70,7 @@ else
   BENCH=(--batch-sizes 1 64 --num-prompts 64 --max-tokens 64 --attention-backend FLEX_ATTENTION
          --dtype bfloat16 --kv-cache-gib 8)
 fi
-check benchmark "$PY" benchmarks/offline.py --methods none ngram logitspec-tree64 echo \
+check benchmark "$PY" benchmarks/offline.py --eager --methods none ngram logitspec-tree64 echo \
   --spec "$SPEC64" "${BENCH[@]}" --out "$LOGS/bench"
 [ -f "$LOGS/bench/results.md" ] && cat "$LOGS/bench/results.md"
 

@@ -241,9 +241,10 @@ class OutputStore:
         self.meta[_META_PROBE] = min(int(probe), slots)
         self.clock[_CLOCK_INC] = 1.0
         self.clock[_CLOCK_GROWTH] = 2.0 ** (1.0 / float(half_life or slots))
-        self.keys = np.zeros(slots, dtype=np.uint64)
+        # Written now (not calloc'ed): the memory is taken at start, not as entries come.
+        self.keys = np.full(slots, 0, dtype=np.uint64)
         self.toks = np.full((slots, self.width), _NO_TOKEN, dtype=np.int32)
-        self.counts = np.zeros((slots, self.width), dtype=np.float32)
+        self.counts = np.full((slots, self.width), 0.0, dtype=np.float32)
         self._table = (self.keys, self.toks, self.counts, self.meta, self.clock)
 
     def add(self, pool: int, tokens: np.ndarray, start: int) -> None:

@@ -127,6 +127,10 @@ _SCALARS = {
                          "requests holding retrieval state now"),
     "state_bytes": ("vllm_echo:state_bytes", "gauge",
                     "bytes held by the per-request retrieval indexes now"),
+    "shared_outputs_bytes": ("vllm_echo:shared_outputs_bytes", "gauge",
+                             "bytes held by the store of requests' outputs (fixed at start)"),
+    "recycled_bytes": ("vllm_echo:recycled_bytes", "gauge",
+                       "bytes held by the recycled-candidates table (fixed at start)"),
 }
 _BY_SOURCE = {
     "drafts": ("vllm_echo:draft_requests", "request-steps that got a draft, by draft source"),
@@ -184,7 +188,7 @@ def metric_families(snapshots: list[tuple[str, str, dict]]) -> list:
                 "decode step time by tokens verified, as ECHO's cost curve has it",
                 {**base, "tokens": str(tokens)}, ms / 1e3)
         rates = echo.get("rates") or {}
-        for source in ("retrieved", "head"):
+        for source in ("retrieved", "head", "shared", "recycled"):
             flat = [x for row in rates.get(source) or [] for x in
                     (row if isinstance(row, list) else [row])]
             for bucket, rate in enumerate(flat):
