@@ -4,7 +4,8 @@
     python benchmarks/overhead.py                      # batch 1 and 16, 3 paired rounds, compiled
     python benchmarks/overhead.py --eager --rounds 1   # quicker
 
-Configurations, each a fresh engine per round (rounds rotate the order):
+Configurations, each a fresh engine per round that runs every batch size on prompts of
+its own (rounds rotate the order):
 - ``none``: no speculation;
 - ``echo-idle``: ``echo`` whose planner decides every step that no draft pays (what a
   loaded engine runs when verification costs too much);
@@ -79,7 +80,7 @@ def worker(job: dict) -> dict:
     LastLogitsTopK._compute = _timed(LastLogitsTopK._compute, timers["topk"])
     llm = LLM(resolve_model(None), speculative_config=CONFIGS[job["config"]],
               dtype="float32", enforce_eager=job["eager"], max_model_len=2048,
-              max_num_seqs=job["batch"], seed=0, kv_cache_memory_bytes=2**30)
+              max_num_seqs=max(job["batches"]), seed=0, kv_cache_memory_bytes=2**30)
     # after the engine started: its warm-up plans for real
     if job["config"] == "echo-idle":
         def idle(self, num_requests):
@@ -104,35 +105,43 @@ def worker(job: dict) -> dict:
         return True
 
     hooked = llm.collective_rpc(wrap_instance)[0]
-    chats = [p.as_chat() for p in prompts.load(n=job["prompts"] + 1)]
+    chats = [p.as_chat() for p in prompts.load(n=sum(_prompts(b) for b in job["batches"]) + 1)]
     params = SamplingParams(temperature=0, max_tokens=job["max_tokens"], ignore_eos=True)
     llm.chat(chats[-1:], params, use_tqdm=False)  # warm-up, on a prompt never measured
-    for slot in [*timers.values(), *inner.values()]:
-        slot[:] = [0, 0.0]
-    start = time.perf_counter()
-    if job["batch"] == 1:
-        outs = [llm.chat([c], params, use_tqdm=False)[0] for c in chats[:-1]]
-    else:
-        outs = llm.chat(chats[:-1], params, use_tqdm=False)
-    wall = time.perf_counter() - start
-    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    steps = max(inner["execute_model"][0], 1)
-    timers["step"] = [steps, inner["execute_model"][1] + inner["sample_tokens"][1]]
-    ms = {part: 1e3 * seconds / steps for part, (_, seconds) in timers.items()}
-    if hooked:  # our hooks' own time: the instance wrapper minus vLLM's method inside it
-        ms["prepare_hook"] -= ms["prepare_vllm"]
-        ms["sample_hook"] -= ms["sample_vllm"]
-        ms["propose"] -= ms["topk"]
-    return {"config": job["config"], "batch": job["batch"], "tok_s": tokens / wall,
-            "steps": steps, "ms_per_step": ms, "hooked": hooked,
-            "texts": [o.outputs[0].text for o in outs]}
+    out = []
+    for batch in job["batches"]:  # each batch size on prompts of its own
+        chats_b, chats = chats[:_prompts(batch)], chats[_prompts(batch):]
+        for slot in [*timers.values(), *inner.values()]:
+            slot[:] = [0, 0.0]
+        start = time.perf_counter()
+        if batch == 1:
+            outs = [llm.chat([c], params, use_tqdm=False)[0] for c in chats_b]
+        else:
+            outs = llm.chat(chats_b, params, use_tqdm=False)
+        wall = time.perf_counter() - start
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        steps = max(inner["execute_model"][0], 1)
+        timers["step"] = [steps, inner["execute_model"][1] + inner["sample_tokens"][1]]
+        ms = {part: 1e3 * seconds / steps for part, (_, seconds) in timers.items()}
+        if hooked:  # our hooks' own time: the instance wrapper minus vLLM's method inside
+            ms["prepare_hook"] -= ms["prepare_vllm"]
+            ms["sample_hook"] -= ms["sample_vllm"]
+            ms["propose"] -= ms["topk"]
+        out.append({"config": job["config"], "batch": batch, "tok_s": tokens / wall,
+                    "steps": steps, "ms_per_step": ms, "hooked": hooked,
+                    "texts": [o.outputs[0].text for o in outs]})
+    return out
 
 
-def run_job(job: dict, timeout: float) -> dict:
+def _prompts(batch: int) -> int:
+    return 4 if batch == 1 else batch
+
+
+def run_job(job: dict, timeout: float) -> list[dict]:
     proc = subprocess.run([sys.executable, __file__, "--worker", json.dumps(job)],
                           capture_output=True, text=True, timeout=timeout)
     for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("{"):
+        if line.startswith("["):
             return json.loads(line)
     raise RuntimeError(f"{job}: no result (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
 
@@ -173,16 +182,15 @@ def main() -> int:
         return 0
     results = []
     for rnd in range(args.rounds):
-        for batch in args.batch_sizes:
-            order = args.configs[rnd % len(args.configs):] + args.configs[:rnd % len(args.configs)]
-            for config in order:
-                job = {"config": config, "batch": batch, "eager": args.eager,
-                       "prompts": 4 if batch == 1 else batch, "max_tokens": args.max_tokens}
-                result = run_job(job, args.timeout)
+        shift = rnd % len(args.configs)
+        for config in args.configs[shift:] + args.configs[:shift]:
+            job = {"config": config, "batches": args.batch_sizes, "eager": args.eager,
+                   "max_tokens": args.max_tokens}
+            for result in run_job(job, args.timeout):
                 result["round"] = rnd
                 results.append(result)
-                print(f"round {rnd} batch {batch} {config}: {result['tok_s']:.1f} tok/s",
-                      flush=True)
+                print(f"round {rnd} batch {result['batch']} {config}: "
+                      f"{result['tok_s']:.1f} tok/s", flush=True)
     for batch in args.batch_sizes:
         print("\n".join(table(results, batch)))
         base = {r["round"]: r["texts"] for r in results if r["config"] == "none"

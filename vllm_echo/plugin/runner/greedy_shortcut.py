@@ -80,8 +80,10 @@ def sample_bonus_rows(runner: Any, logits: Any, metadata: Any) -> Any:
     """A step without drafts (no_drafts_in_step): the rejection sampler's result is
     its sample of the bonus rows, taken by the same call minus the full-vocabulary
     logprobs it would compute and discard (rejection_sampler.py:141-160)."""
-    return runner.sampler(logits=logits[metadata.bonus_logits_indices],
-                          sampling_metadata=runner.input_batch.sampling_metadata,
+    rows = metadata.bonus_logits_indices
+    if logits.shape[0] != rows.shape[0]:  # else no draft rows: every row is a bonus row
+        logits = logits[rows]
+    return runner.sampler(logits=logits, sampling_metadata=runner.input_batch.sampling_metadata,
                           predict_bonus_token=True)
 
 def row_argmax(rows: torch.Tensor) -> np.ndarray:

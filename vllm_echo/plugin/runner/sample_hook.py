@@ -107,11 +107,16 @@ def _record_last_rows(sink: LastLogitsTopK, logits: Any, metadata: Any, output: 
                       on_error: Callable[[str, BaseException], None]) -> None:
     try:
         sampled = output.sampled_token_ids
-        num_generated = (sampled != -1).sum(dim=1).clamp_(min=1)
-        num_drafts = torch.as_tensor(metadata.num_draft_tokens, device=sampled.device)
-        rows = metadata.bonus_logits_indices - num_drafts + num_generated - 1
-        for i, row in last_rows.items():
-            rows[i] = row
+        if metadata.max_spec_len == 0:  # no drafts: each request's one row is its last
+            rows = metadata.bonus_logits_indices
+        else:
+            num_generated = (sampled != -1).sum(dim=1).clamp_(min=1)
+            num_drafts = torch.as_tensor(metadata.num_draft_tokens, device=sampled.device)
+            rows = metadata.bonus_logits_indices - num_drafts + num_generated - 1
+        if last_rows:
+            rows = rows.clone()  # never write into vLLM's metadata
+            for i, row in last_rows.items():
+                rows[i] = row
         sink.record(logits, rows, req_ids[: sampled.shape[0]])
     except Exception as exc:  # never let drafting break sampling
         on_error("logits capture", exc)
