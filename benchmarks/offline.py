@@ -41,7 +41,7 @@ method once, in an order rotated by one each round, so no method always goes fir
 or last. Ratios are paired by round (method / reference of the same round), which
 cancels the machine's drift between rounds; the summary gives medians and ranges.
 
-``--interleave`` (batch 1): within a round, every method's engine is started at once
+``--interleave`` (batch 1): within a round, every method's engine is started in turn
 and the prompts go to them one at a time, each prompt to every method in turn (the
 order rotated per prompt), so a method's wall time is the sum of its prompts' and a
 slow stretch of a shared machine costs every method alike, which whole-run rounds
@@ -437,14 +437,19 @@ _INTERLEAVE_PAUSE_S = 0.1
 def run_interleaved(jobs: dict[str, dict], workdir: Path, tags: dict[str, str],
                     timeout: float, rotation: int,
                     pythons: dict[str, str] | None = None) -> dict[str, dict]:
-    """One interleaved round (``--interleave``): every job's worker started at once,
-    then prompt by prompt, each prompt to every worker in turn, the order rotated by
-    one per prompt (starting at ``rotation``). A worker that fails drops out of the
-    round; its result says why. ``pythons``: interpreters other than this one, by job."""
+    """One interleaved round (``--interleave``): every job's worker started in turn,
+    each once the previous one is ready (an engine's start-up, torch.compile and ECHO's
+    step-cost probe included, runs on a machine where no other engine starts), then
+    prompt by prompt, each prompt to every worker in turn, the order rotated by one per
+    prompt (starting at ``rotation``). A worker that fails drops out of the round; its
+    result says why. ``pythons``: interpreters other than this one, by job."""
     pythons = pythons or {}
-    workers = {name: _InterleavedWorker(job, workdir, tags[name], pythons.get(name))
-               for name, job in jobs.items()}
-    live = [name for name, worker in workers.items() if worker.reply(timeout) is not None]
+    workers, live = {}, []
+    for name, job in jobs.items():
+        worker = workers[name] = _InterleavedWorker(job, workdir, tags[name],
+                                                    pythons.get(name))
+        if worker.reply(timeout) is not None:
+            live.append(name)
     first = next(iter(jobs.values()), {})
     num_prompts = len(first.get("conversations") or first.get("prompt_ids") or [])
     for index in range(num_prompts):

@@ -3,9 +3,11 @@
 times what the forward costs, and that it runs once the KV cache exists."""
 
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from vllm_echo.plugin.runner.cost_probe import (LARGEST_SIZE, install_cost_probe,
                                                 probe_sizes, time_forwards)
@@ -35,12 +37,19 @@ def test_timed_seconds_follow_the_forward_cost():
 class Runner:
     def __init__(self):
         self.events = []
+        self.model = SimpleNamespace(compute_logits=self._compute_logits)
 
     def initialize_kv_cache(self, kv_cache_config):
         self.events.append(("kv", kv_cache_config))
 
     def _dummy_run(self, num_tokens):
         self.events.append(("forward", num_tokens))
+        hidden = torch.zeros(num_tokens + 3, 2)  # padded, as vLLM may
+        return hidden, hidden[-1:]
+
+    def _compute_logits(self, hidden):
+        self.events.append(("logits", hidden.shape[0]))
+        return torch.zeros(hidden.shape[0], 5)
 
 
 def test_the_probe_runs_after_the_kv_cache_is_made():
@@ -50,6 +59,9 @@ def test_the_probe_runs_after_the_kv_cache_is_made():
     runner.initialize_kv_cache("config")
     assert runner.events[0] == ("kv", "config")
     assert {n for kind, n in runner.events[1:]} == {1, 2, 4}
+    # every forward is followed by the logits of all its tokens, as in a verification
+    assert runner.events[1:3] == [("forward", 1), ("logits", 1)]
+    assert ("logits", 4) in runner.events
     (sizes, seconds, took), = measured
     assert sizes.tolist() == [1, 2, 4] and len(seconds) == 3 and took >= 0
     assert errors == []

@@ -229,7 +229,8 @@ themselves off (same log line and counter) on a call they do not understand.
 
 10. ``runner.initialize_kv_cache`` (instance attribute; ECHO only, from its proposer's
    ``load_model``)
-   What: after the original, time ``runner._dummy_run(n)`` (three forwards per size,
+   What: after the original, time ``runner._dummy_run(n)`` followed by
+      ``runner.model.compute_logits`` and an argmax over its n rows (three per size,
       the median kept) at n = 1, 2, 4, ... up to the most tokens a decode step can
       verify (capped at 128; the curve extrapolates past it), and give the points to
       ECHO's step-cost curve (runner/cost_probe.py), with one log line of the curve

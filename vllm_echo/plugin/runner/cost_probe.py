@@ -1,7 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """The step-cost curve measured at engine start: dummy forwards of the runner, timed
 at several numbers of tokens, once its KV cache exists (the model is compiled by
-then, so the curve is the mode the engine runs in).
+then, so the curve is the mode the engine runs in), each with the logits and argmax
+of all its rows, as a verification step computes them (vLLM's dummy run stops at the
+hidden states; at 49k-token vocabularies the logits are a fifth of a small model's
+work per token, which a curve without them would sell as free).
 
 ECHO prices a draft token by this curve from its first step instead of learning it
 by exploring; real decode steps then correct it online (attention over long
@@ -46,12 +49,19 @@ def time_forwards(forward: Callable[[int], Any], sizes: list[int],
     return np.asarray(sizes, dtype=np.int64), np.asarray(seconds)
 
 
+def verification_step(runner: Any, n: int) -> Any:
+    """A dummy forward of ``n`` tokens, then the logits of every row and their argmax
+    (a verification step samples every verified token's row)."""
+    hidden, _ = runner._dummy_run(n)
+    return runner.model.compute_logits(hidden[:n]).argmax(dim=-1)
+
+
 def install_cost_probe(runner: Any, max_tokens: int,
                        on_measured: Callable[[np.ndarray, np.ndarray, float], None],
                        on_error: Callable[[str, BaseException], None],
                        on_drift: Callable[[str, str], None]) -> None:
     """Wrap ``runner.initialize_kv_cache`` (instance attribute): after it, time
-    ``runner._dummy_run(n)`` at ``probe_sizes(max_tokens)`` and hand the points and
+    ``verification_step(runner, n)`` at ``probe_sizes(max_tokens)`` and hand the points and
     the seconds the probe took to ``on_measured``. A failure is reported and leaves
     the curve unmeasured (ECHO then learns it from real steps)."""
 
@@ -60,7 +70,7 @@ def install_cost_probe(runner: Any, max_tokens: int,
             result = original(*args, **kwargs)
             started = time.perf_counter()
             try:
-                sizes, seconds = time_forwards(lambda n: runner._dummy_run(n),
+                sizes, seconds = time_forwards(lambda n: verification_step(runner, n),
                                                probe_sizes(max_tokens))
             except Exception as exc:
                 on_error("step cost probe", exc)
