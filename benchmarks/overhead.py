@@ -3,6 +3,7 @@
 
     python benchmarks/overhead.py                      # batch 1 and 16, 3 paired rounds, compiled
     python benchmarks/overhead.py --eager --rounds 1   # quicker
+    python benchmarks/overhead.py --smoke --out F.json  # CI
 
 Configurations, each a fresh engine per round that runs every batch size on prompts of
 its own (rounds rotate the order):
@@ -176,7 +177,12 @@ def main() -> int:
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--out", type=Path, help="JSON file for every run's numbers")
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--smoke", action="store_true",
+                    help="CI: eager, one round, batch 1, 8 tokens, none and echo-idle")
     args = ap.parse_args()
+    if args.smoke:
+        args.eager, args.rounds, args.batch_sizes, args.max_tokens = True, 1, [1], 8
+        args.configs = ["none", "echo-idle"]
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return 0

@@ -74,10 +74,12 @@ class EchoSettings:
             platform's default, filled in by the glue before the engine starts.
         shared_outputs: also draft from other requests' outputs (same ``cache_salt``
             only; requests without one share a pool), vllm_echo.algos.shared_outputs.
+            None: on for ``echo`` (its rule prices each source), off for ``logitspec``.
         shared_outputs_mib: memory for those outputs, per engine (oldest and rarest
             continuations are evicted first).
         recycled: also draft from the recycled-candidates table (the target's earlier
             top-k after the same token; token ids only), vllm_echo.algos.recycled.
+            None: as ``shared_outputs``.
 
     ECHO only (``method="echo"``):
         k_max: a fixed verification budget per step for the whole batch, in draft
@@ -93,9 +95,9 @@ class EchoSettings:
     capacity: int = 64
     tree: bool = True
     tree_attention: str | None = None
-    shared_outputs: bool = False
+    shared_outputs: bool | None = None
     shared_outputs_mib: int = 32
-    recycled: bool = False
+    recycled: bool | None = None
     k_max: int | None = None
 
     def __post_init__(self) -> None:
@@ -103,6 +105,9 @@ class EchoSettings:
             raise SpeculativeConfigError(
                 f"speculative_config: method={self.method!r} is not a vllm-echo method; "
                 f"allowed: {', '.join(METHODS)}")
+        for name in ("shared_outputs", "recycled"):
+            if getattr(self, name) is None:  # ECHO weighs what each source is worth
+                object.__setattr__(self, name, self.method == "echo")
         if self.max_ngram is None:
             object.__setattr__(self, "max_ngram", ECHO_MAX_NGRAM if self.method == "echo"
                                else LOGITSPEC_MAX_NGRAM)

@@ -102,6 +102,15 @@ def test_micro_proposer_smoke(tmp_path: Path) -> None:
         assert row["ms_per_step"] > 0
 
 
+def test_overhead_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "overhead.json"
+    run_smoke("overhead.py", "--out", str(out), timeout=600)
+    runs = json.loads(out.read_text())["runs"]
+    echo = next(r for r in runs if r["config"] == "echo-idle")
+    assert echo["hooked"] and echo["ms_per_step"]["step"] > 0, echo
+    assert echo["texts"] == next(r for r in runs if r["config"] == "none")["texts"]
+
+
 def test_simulate_smoke(tmp_path: Path) -> None:
     out = tmp_path / "sim.json"
     run_smoke("simulate.py", "--json", str(out), timeout=300)

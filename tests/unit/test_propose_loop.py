@@ -24,7 +24,9 @@ def _proposer(cls, method):
     settings = {"method": method, "tree": False, "num_speculative_tokens": K}
     config = SimpleNamespace(additional_config={ADDITIONAL_CONFIG_KEY: settings},
                              speculative_config=SimpleNamespace(num_speculative_tokens=K),
-                             model_config=SimpleNamespace(max_model_len=2048), instance_id="")
+                             model_config=SimpleNamespace(max_model_len=2048,
+                                                          get_vocab_size=lambda: 1000),
+                             instance_id="")
     proposer = cls(config)
     req_ids = ["a", "b", "c"]
     proposer._runner = SimpleNamespace(
