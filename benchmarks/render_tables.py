@@ -181,10 +181,34 @@ def rendered_files() -> dict[Path, tuple[str, str]]:
     return out
 
 
-def publish(name: str, source: Path, command: str) -> None:
-    """Copy a script's result into benchmarks/published/ and record where it came from."""
+def merge_examples(runs: list[dict]) -> dict:
+    """Several runs of the example as one: per method and workload the median tok/s,
+    tokens per forward and ratio to none (each run's ratio from that run), and the
+    identical outputs summed; ``runs`` keeps every run's summary."""
+    import statistics
+
+    merged = {**runs[-1], "runs": [r["summary"] for r in runs]}
+    summary = {}
+    for method, per_workload in runs[-1]["summary"].items():
+        summary[method] = {}
+        for workload in per_workload:
+            cells = [r["summary"][method][workload] for r in runs]
+            summary[method][workload] = {
+                key: statistics.median(c[key] for c in cells) for key in ("tok_s", "tpf", "x_none")}
+            summary[method][workload].update(
+                identical=sum(c["identical"] for c in cells), outputs=sum(c["outputs"] for c in cells))
+    merged["summary"] = summary
+    merged["setup"] = {**runs[-1]["setup"], "runs": len(runs)}
+    return merged
+
+
+def publish(name: str, source: Path, command: str, more: list[Path] = ()) -> None:
+    """Copy a script's result into benchmarks/published/ and record where it came from
+    (the example: several runs' files are published as their medians)."""
     src = source / RESULT_FILES[name] if source.is_dir() else source
     data = json.loads(src.read_text(encoding="utf-8"))
+    if name == "example" and more:
+        data = merge_examples([data] + [json.loads(p.read_text(encoding="utf-8")) for p in more])
     if name == "matrix":  # matrix.json has no environment; each cell's offline.py run has
         cell = next(source.glob("*/results.json"))
         env = json.loads(cell.read_text(encoding="utf-8"))["environment"]
@@ -196,7 +220,11 @@ def publish(name: str, source: Path, command: str) -> None:
         env = data["environment"]
         git = env["git"]
     PUBLISHED.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, PUBLISHED / RESULT_FILES[name])
+    if name == "example" and more:
+        (PUBLISHED / RESULT_FILES[name]).write_text(json.dumps(data, indent=1) + "\n",
+                                                   encoding="utf-8")
+    else:
+        shutil.copyfile(src, PUBLISHED / RESULT_FILES[name])
     sources = _sources() if SOURCES.is_file() else {}
     sources[name] = {
         "file": RESULT_FILES[name], "command": command, "commit": git["commit"],
@@ -211,18 +239,23 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true",
                    help="change nothing; exit 1 and print a diff if a table differs")
-    p.add_argument("--publish", nargs=2, metavar=("NAME", "PATH"),
+    p.add_argument("--publish", nargs="+", metavar="NAME PATH",
                    help=f"NAME: one of {', '.join(RESULT_FILES)}; PATH: the result file or "
-                        "the folder the script wrote")
+                        "the folder the script wrote (example: several files, published "
+                        "as their medians)")
     p.add_argument("--command", help="with --publish: the command that made the result")
     args = p.parse_args(argv)
     if args.publish:
         if not args.command:
             p.error("--publish needs --command")
-        name, path = args.publish
+        if len(args.publish) < 2:
+            p.error("--publish needs NAME and PATH")
+        name, path, *more = args.publish
         if name not in RESULT_FILES:
             p.error(f"unknown NAME {name!r}; allowed: {', '.join(RESULT_FILES)}")
-        publish(name, Path(path), args.command)
+        if more and name != "example":
+            p.error("several PATHs: the example only")
+        publish(name, Path(path), args.command, [Path(m) for m in more])
     stale = 0
     for path, (before, after) in rendered_files().items():
         if before == after:

@@ -194,7 +194,8 @@ def setup_line(setup: dict) -> str:
     return (f"Spec-Bench on the embedded model, fp32, greedy{mode}; batch 1: "
             f"{setup['single_prompts']} prompts x {setup['max_tokens']} tokens one at a time; "
             f"batch {setup['batch']}: {setup['loaded_prompts']} prompts x "
-            f"{setup['max_tokens'] // 2} tokens.")
+            f"{setup['max_tokens'] // 2} tokens."
+            + (f" Medians of {setup['runs']} runs." if setup.get("runs", 1) > 1 else ""))
 
 
 def environment() -> dict:
