@@ -79,7 +79,9 @@ class EchoSettings:
             continuations are evicted first).
         recycled: also draft from the recycled-candidates table (the target's earlier
             top-k after the same token; token ids only), vllm_echo.algos.recycled.
-            None: as ``shared_outputs``.
+            Off by default: it needs the top-k of every request's logits every step,
+            which ECHO otherwise skips when no next-next head can pay, and it added
+            little where measured (journal 2026-12-06).
 
     ECHO only (``method="echo"``):
         k_max: a fixed verification budget per step for the whole batch, in draft
@@ -97,7 +99,7 @@ class EchoSettings:
     tree_attention: str | None = None
     shared_outputs: bool | None = None
     shared_outputs_mib: int = 32
-    recycled: bool | None = None
+    recycled: bool = False
     k_max: int | None = None
 
     def __post_init__(self) -> None:
@@ -105,9 +107,8 @@ class EchoSettings:
             raise SpeculativeConfigError(
                 f"speculative_config: method={self.method!r} is not a vllm-echo method; "
                 f"allowed: {', '.join(METHODS)}")
-        for name in ("shared_outputs", "recycled"):
-            if getattr(self, name) is None:  # ECHO weighs what each source is worth
-                object.__setattr__(self, name, self.method == "echo")
+        if self.shared_outputs is None:  # ECHO weighs what the source is worth
+            object.__setattr__(self, "shared_outputs", self.method == "echo")
         if self.max_ngram is None:
             object.__setattr__(self, "max_ngram", ECHO_MAX_NGRAM if self.method == "echo"
                                else LOGITSPEC_MAX_NGRAM)
