@@ -49,7 +49,7 @@ class FlakyProposer(proposer.LogitSpecProposer):
         super().__init__(vllm_config)
         # This runs inside the worker: the module-level functions used there fail
         # on every third call, and every other KV compaction misses a layer.
-        proposer.build_forest = every_third(proposer.build_forest, _raise)
+        proposer.build_forest_nodes = every_third(proposer.build_forest_nodes, _raise)
         tree_verdicts.verify_greedy = every_third(tree_verdicts.verify_greedy, _raise)
         cpu_tree_attention.compact_accepted_path = dropping_a_layer_capture(
             cpu_tree_attention.compact_accepted_path)
@@ -60,7 +60,7 @@ class SlowProposer(proposer.LogitSpecProposer):
 
     def __init__(self, vllm_config):
         super().__init__(vllm_config)
-        proposer.build_forest = every_third(proposer.build_forest, _stall)
+        proposer.build_forest_nodes = every_third(proposer.build_forest_nodes, _stall)
 
 
 class DriftedRunnerProposer(proposer.LogitSpecProposer):
