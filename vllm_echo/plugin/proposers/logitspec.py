@@ -87,8 +87,19 @@ class DraftStats:
         return out
 
 
+class _OutputCursor:
+    """How far a request's outputs went into the shared store (no index needed)."""
+    __slots__ = ("owner", "pool", "stored")
+
+    def __init__(self, owner: Any, length: int):
+        self.owner = owner
+        self.pool = _pool_of(owner)  # its tenant's pool of shared outputs
+        prompt = getattr(owner, "prompt_token_ids", None)  # the prompt is not an output
+        self.stored = len(prompt) if prompt is not None else length
+
+
 class _RequestState:
-    __slots__ = ("owner", "index", "tree_ok", "last_len", "last_source", "pool", "stored")
+    __slots__ = ("owner", "index", "tree_ok", "last_len", "last_source", "pool")
 
     def __init__(self, owner: Any, index: NgramIndex, tree_ok: bool):
         self.owner = owner  # the runner's CachedRequestState: detects a reused request id
@@ -97,9 +108,6 @@ class _RequestState:
         self.last_len = 0  # the draft proposed last step, to attribute acceptances
         self.last_source = 0
         self.pool = _pool_of(owner)  # its tenant's pool of shared outputs
-        # Tokens given to the shared store so far: the prompt is not an output.
-        prompt = getattr(owner, "prompt_token_ids", None)
-        self.stored = len(prompt) if prompt is not None else 1 << 62
 
 
 class LogitSpecProposer:
@@ -118,6 +126,7 @@ class LogitSpecProposer:
         self.num_speculative_tokens = vllm_config.speculative_config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
         self._states: dict[str, _RequestState] = {}
+        self._cursors: dict[str, _OutputCursor] = {}  # shared store: outputs given so far
         self._last_logits = LastLogitsTopK(self.settings.topk)
         self.sources = _other_sources(self.settings, vllm_config)
         self._no_spec: str | None = None  # why load_model found nothing to draft with
@@ -252,13 +261,12 @@ class LogitSpecProposer:
             max_len = min(self.num_speculative_tokens, self.max_model_len - length - 1)
             if not sampled or max_len <= 0 or deadline.passed():
                 continue
-            if step is None and not self.sources.enabled:
-                continue
             try:
                 # the shared store learns every output, also on steps that draft nothing
-                state = self._sync_state(req_id, token_ids_cpu[i], length)
+                self._learn_outputs(req_id, token_ids_cpu[i], length)
                 if step is None:
                     continue
+                state = self._sync_state(req_id, token_ids_cpu[i], length)
                 items[i] = self._draft_request(step, i, req_id, state, max_len, len(sampled) - 1)
             except Exception as exc:  # only this request goes without drafts this step
                 self._log_failure("propose", exc)
@@ -348,16 +356,27 @@ class LogitSpecProposer:
         index = state.index
         if index.length < length:
             index.extend(row[index.length:length])
-        if state.stored < length:
-            self.sources.learn_outputs(state.pool, index.tokens, length, state.stored)
-            state.stored = length
         return state
+
+    def _learn_outputs(self, req_id: str, row: np.ndarray, length: int) -> None:
+        """Give the shared store the request's outputs up to ``row[:length]``."""
+        if self.sources.store is None:
+            return
+        owner = self._runner.requests.get(req_id)
+        cursor = self._cursors.get(req_id)
+        if cursor is None or cursor.owner is not owner or cursor.stored > length:
+            cursor = self._cursors[req_id] = _OutputCursor(owner, length)
+        if cursor.stored < length:
+            self.sources.learn_outputs(cursor.pool, row, length, cursor.stored)
+            cursor.stored = length
 
     def _release_finished(self, live: dict[str, int]) -> None:
         """Free the index of every request that left the batch (finished or preempted)."""
         for req_id in [r for r in self._states if r not in live]:
             del self._states[req_id]
             self.tree_context.trees.pop(req_id, None)
+        for req_id in [r for r in self._cursors if r not in live]:
+            del self._cursors[req_id]
 
     def _tree_allowed(self, owner: Any) -> bool:
         if not self.tree_enabled:
