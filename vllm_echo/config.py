@@ -74,7 +74,8 @@ class EchoSettings:
             platform's default, filled in by the glue before the engine starts.
         shared_outputs: also draft from other requests' outputs (same ``cache_salt``
             only; requests without one share a pool), vllm_echo.algos.shared_outputs.
-            None: on for ``echo`` (its rule prices each source), off for ``logitspec``.
+            Off by default until the memory an engine gains with it is understood
+            (journal 2026-12-06: +102-104 MiB over 400 server requests).
         shared_outputs_mib: memory for those outputs, per engine (oldest and rarest
             continuations are evicted first).
         recycled: also draft from the recycled-candidates table (the target's earlier
@@ -97,7 +98,7 @@ class EchoSettings:
     capacity: int = 64
     tree: bool = True
     tree_attention: str | None = None
-    shared_outputs: bool | None = None
+    shared_outputs: bool = False
     shared_outputs_mib: int = 32
     recycled: bool = False
     k_max: int | None = None
@@ -107,8 +108,6 @@ class EchoSettings:
             raise SpeculativeConfigError(
                 f"speculative_config: method={self.method!r} is not a vllm-echo method; "
                 f"allowed: {', '.join(METHODS)}")
-        if self.shared_outputs is None:  # ECHO weighs what the source is worth
-            object.__setattr__(self, "shared_outputs", self.method == "echo")
         if self.max_ngram is None:
             object.__setattr__(self, "max_ngram", ECHO_MAX_NGRAM if self.method == "echo"
                                else LOGITSPEC_MAX_NGRAM)
