@@ -540,7 +540,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = low_acceptance_first(rows)
     start = time.perf_counter()
     results = simulate(rows)
-    report = {"benchmark": "simulate", "trace": str(trace), "trace_meta": meta,
+    repo = Path(__file__).resolve().parents[1]
+    shown = trace.resolve()  # inside the repository: relative, so result files are portable
+    shown = shown.relative_to(repo) if shown.is_relative_to(repo) else shown
+    report = {"benchmark": "simulate", "trace": str(shown), "trace_meta": meta,
               "low_acceptance_first": args.low_acceptance_first,
               "replayed_prompts": len(rows), "replay_s": time.perf_counter() - start,
               "environment": bench_common.environment(), "methods": results}
