@@ -91,6 +91,25 @@ def write_json(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def write_or_check_jsonl(files: dict[str, list[dict]], folder: Path, check: bool) -> int:
+    """Write each ``name: rows`` as JSON lines into ``folder``, or with ``check`` only
+    compare with the files there; returns 1 if a file differs from its rows (printed)."""
+    stale = []
+    for name, rows in files.items():
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        path = folder / name
+        if check:
+            if not path.is_file() or path.read_text(encoding="utf-8") != text:
+                stale.append(name)
+        else:
+            path.write_text(text, encoding="utf-8")
+            print(f"{path}: {len(rows)} rows")
+    if stale:
+        print(f"differ from a rebuild: {', '.join(stale)}")
+        return 1
+    return 0
+
+
 def spread_order(rows: list) -> list:
     """All rows, round-robin over categories (each category in file order).
 

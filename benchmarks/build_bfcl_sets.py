@@ -33,6 +33,7 @@ import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_common  # noqa: E402
 import workloads  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "vllm_echo" / "data"
@@ -175,20 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"bfcl-eval=={BFCL_VERSION})")
     p.add_argument("--check", action="store_true", help="compare with the shipped files")
     args = p.parse_args(argv)
-    stale = []
-    for name, rows in build(args.wheel).items():
-        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-        path = DATA / name
-        if args.check:
-            if not path.is_file() or path.read_text(encoding="utf-8") != text:
-                stale.append(name)
-        else:
-            path.write_text(text, encoding="utf-8")
-            print(f"{path}: {len(rows)} rows")
-    if stale:
-        print(f"differ from a rebuild: {', '.join(stale)}")
-        return 1
-    return 0
+    return bench_common.write_or_check_jsonl(build(args.wheel), DATA, args.check)
 
 
 if __name__ == "__main__":

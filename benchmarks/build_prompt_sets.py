@@ -24,6 +24,9 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_common  # noqa: E402
+
 DATA = Path(__file__).resolve().parents[1] / "vllm_echo" / "data"
 SPEC_BENCH = DATA / "spec_bench_question.jsonl"
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction",
@@ -123,20 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--check", action="store_true", help="compare with the shipped files")
     args = p.parse_args(argv)
-    stale = []
-    for name, rows in build().items():
-        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-        path = DATA / name
-        if args.check:
-            if not path.is_file() or path.read_text(encoding="utf-8") != text:
-                stale.append(name)
-        else:
-            path.write_text(text, encoding="utf-8")
-            print(f"{path}: {len(rows)} rows")
-    if stale:
-        print(f"differ from a rebuild: {', '.join(stale)}")
-        return 1
-    return 0
+    return bench_common.write_or_check_jsonl(build(), DATA, args.check)
 
 
 if __name__ == "__main__":
