@@ -491,10 +491,16 @@ def compare_with_none(rows: list[dict], temperature: float) -> None:
 def accepted_by_source(plugin: dict | None) -> dict[str, float] | None:
     """The plugin's ``accepted_<source>`` counters over the measured run (its worker
     stats at the end less those after the warm-up), the nonzero ones, whatever the
-    sources are; None for a row without the plugin's stats (no drafter of ours)."""
+    sources are (ECHO: its ``accepted_by_kind``); None for a row without the plugin's
+    stats (no drafter of ours)."""
     if not plugin or not plugin.get("end"):
         return None
     before = plugin.get("after_warmup") or {}
+    by_kind = (plugin["end"].get("echo") or {}).get("accepted_by_kind")
+    if by_kind:  # ECHO: its planner's split by family (the drafts' counters say "chain")
+        earlier = (before.get("echo") or {}).get("accepted_by_kind") or {}
+        return {f"accepted_{kind}": value - earlier.get(kind, 0)
+                for kind, value in by_kind.items() if value - earlier.get(kind, 0)}
     out = {}
     for key, value in plugin["end"].items():
         if key.startswith("accepted_") and isinstance(value, (int, float)) \

@@ -136,3 +136,13 @@ def test_accepted_tokens_by_source_are_every_nonzero_counter() -> None:
     summary = {e["method"]: e for e in offline.summarize(rows, reference="none")}
     assert summary["echo"]["accepted_by_source"] == {"accepted_retrieval": 21}
     assert "accepted_by_source" not in summary["none"]
+
+
+def test_echo_accepted_tokens_by_family() -> None:
+    # ECHO's chain counters lump every family together; its planner's split is used.
+    kinds = {"retrieved": 120, "head": 0, "shared": 1206, "recycled": 1}
+    stats = {"after_warmup": {"accepted_chain": 9, "echo": {"accepted_by_kind": {
+                 "retrieved": 20, "head": 0, "shared": 6, "recycled": 1}}},
+             "end": {"accepted_chain": 1327, "echo": {"accepted_by_kind": kinds}}}
+    assert offline.accepted_by_source(stats) == {"accepted_retrieved": 100,
+                                                 "accepted_shared": 1200}
