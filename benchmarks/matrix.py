@@ -26,9 +26,10 @@ and every cell of matrix.json records its mode. Writes ``matrix.md`` and
 
 Cold-start cells (``--cells``; by default with the batch cells): per workload and
 dtype, fresh engines measured from their first request with no warm-up at all
-(``offline.py --no-warmup``), batch 16, 16 prompts x 64 tokens (the first 64 decode
-steps), none against echo; echo / none per round, target "echo >= none at cold
-start". Not for the agent loop, whose turns are no single wave.
+(``offline.py --no-warmup``), batch 16 kept full: 64 prompts x 16 tokens through 16
+slots (the first 64 decode steps of no speculation), none against echo; echo / none
+per round, target "echo >= none at cold start". Not for the agent loop, whose turns
+are no single wave of prompts.
 """
 
 from __future__ import annotations
@@ -66,9 +67,11 @@ WORKLOAD_BATCH_SIZES = {"tool-call": [1, 8, 16], "agent-loop": [1]}
 # The fixed configurations echo is compared with, and echo's ablations (shown, not targets).
 FIXED = ["none", "ngram", "ngram8", "logitspec", "logitspec-tree"]
 ABLATIONS = ["echo-tree"]
-# The cold-start cell: fresh engines, no warm-up at all, one wave of 16 prompts x 64
-# tokens at batch 16 (the first 64 decode steps), none against echo.
-COLD_START = dict(batch=16, prompts=16, max_tokens=64, methods=["none", "echo"])
+# The cold-start cell: fresh engines, no warm-up at all, 64 prompts x 16 tokens through
+# 16 slots (the first 64 decode steps of no speculation), none against echo. Queued
+# prompts keep the batch full: in one wave (16 x 64) every method takes as many steps
+# as its slowest request, so drafts could only add cost.
+COLD_START = dict(batch=16, prompts=64, max_tokens=16, methods=["none", "echo"])
 CELL_KINDS = ["batch", "cold-start"]
 SMOKE = dict(workloads=["copy-edit"], batch_sizes=[1], dtypes=["float32"], repeats=1,
              prompts=2, max_tokens=16, methods=["none", "ngram", "echo"], cells=["batch"])
@@ -133,7 +136,7 @@ def run_cell(args, workload: str, dtype: str, batch: int, out: Path) -> dict:
 
 
 def cold_start_workload(workload: str) -> bool:
-    """A cold start is one wave of single prompts: not for the agent loop's turns."""
+    """A cold start is a queue of single prompts: not for the agent loop's turns."""
     return "--multi-turn" not in WORKLOAD_ARGS.get(workload, [])
 
 
