@@ -74,8 +74,8 @@ class EchoSettings:
             platform's default, filled in by the glue before the engine starts.
         shared_outputs: also draft from other requests' outputs (same ``cache_salt``
             only; requests without one share a pool), vllm_echo.algos.shared_outputs.
-            Off by default until the memory an engine gains with it is understood
-            (journal 2026-12-06: +102-104 MiB over 400 server requests).
+            Off by default: it pays only where outputs repeat across requests (tool
+            calls), and a shared pool is the operator's privacy choice (README).
         shared_outputs_mib: memory for those outputs, per engine (oldest and rarest
             continuations are evicted first).
         recycled: also draft from the recycled-candidates table (the target's earlier
