@@ -26,10 +26,11 @@ and every cell of matrix.json records its mode. Writes ``matrix.md`` and
 
 Cold-start cells (``--cells``; by default with the batch cells): per workload and
 dtype, fresh engines measured from their first request with no warm-up at all
-(``offline.py --no-warmup``), batch 16 kept full: 64 prompts x 16 tokens through 16
-slots (the first 64 decode steps of no speculation), none against echo; echo / none
-per round, target "echo >= none at cold start". Not for the agent loop, whose turns
-are no single wave of prompts.
+(``offline.py --no-warmup``), batch 16: the first 64 decode steps after the batch's
+prefill (``offline.py --window-steps 64``; 16 prompts of up to 256 tokens, so no request
+ends inside the window), none against echo; echo / none per round of the tokens per
+second of those steps, target "echo >= none at cold start". Not for the agent loop,
+whose turns are no single wave of prompts.
 """
 
 from __future__ import annotations
@@ -67,11 +68,13 @@ WORKLOAD_BATCH_SIZES = {"tool-call": [1, 8, 16], "agent-loop": [1]}
 # The fixed configurations echo is compared with, and echo's ablations (shown, not targets).
 FIXED = ["none", "ngram", "ngram8", "logitspec", "logitspec-tree"]
 ABLATIONS = ["echo-tree"]
-# The cold-start cell: fresh engines, no warm-up at all, 64 prompts x 16 tokens through
-# 16 slots (the first 64 decode steps of no speculation), none against echo. Queued
-# prompts keep the batch full: in one wave (16 x 64) every method takes as many steps
-# as its slowest request, so drafts could only add cost.
-COLD_START = dict(batch=16, prompts=64, max_tokens=16, methods=["none", "echo"])
+# The cold-start cell: fresh engines, no warm-up at all, batch 16, the first 64 decode
+# steps after the prefill, none against echo. A fixed number of steps, not of tokens:
+# run to completion, every method takes as many steps as its slowest request (one wave)
+# or slot (a queue), so drafts could only add cost; 256 tokens keep every request alive
+# through the window.
+COLD_START = dict(batch=16, prompts=16, max_tokens=256, window_steps=64,
+                  methods=["none", "echo"])
 CELL_KINDS = ["batch", "cold-start"]
 SMOKE = dict(workloads=["copy-edit"], batch_sizes=[1], dtypes=["float32"], repeats=1,
              prompts=2, max_tokens=16, methods=["none", "ngram", "echo"], cells=["batch"])
@@ -147,6 +150,7 @@ def run_cold_start_cell(args, workload: str, dtype: str, out: Path) -> dict:
             "--num-prompts", str(COLD_START["prompts"]),
             "--max-tokens", str(COLD_START["max_tokens"]), "--repeats", str(args.repeats),
             "--reference", "echo", "--out", str(out), "--no-warmup",
+            "--window-steps", str(COLD_START["window_steps"]),
             "--methods", *COLD_START["methods"], *WORKLOAD_ARGS.get(workload, [])]
     offline.main(argv + (["--eager"] if args.eager else []))
     return json.loads((out / "results.json").read_text(encoding="utf-8"))

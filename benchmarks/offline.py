@@ -23,7 +23,8 @@ Batch size b means: max_num_seqs = b and all prompts submitted at once, with
 max(num_prompts, b) prompts so the batch starts full; with the defaults that is 24
 prompts for b <= 24 and 64 for b = 64. Throughput is output tokens over the wall
 clock of that generation (after a 1-prompt warm-up, or none with ``--no-warmup``: a
-cold start), ratios are to ``none`` of the same batch size in the same invocation. No
+cold start; with ``--window-steps N``, the tokens of a fixed N decode steps over their
+time), ratios are to ``none`` of the same batch size in the same invocation. No
 prompt reaches an engine twice: the warm-up prompt is never measured, and a prompt
 whose text repeats an earlier one is passed over (a drafter that remembered earlier
 requests would otherwise replay answers it had seen).
@@ -165,6 +166,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="a cold start: measure each fresh engine from its first request, "
                         "with no warm-up request before (kernels compile and drafters "
                         "learn during the measured run)")
+    p.add_argument("--window-steps", type=int, default=None, metavar="N",
+                   help="measure a fixed number of decode steps: the N engine steps after "
+                        "the first (the first prompts' prefill), then stop; throughput is "
+                        "those steps' tokens over their time, identity is checked on the "
+                        "tokens both runs emitted")
     p.add_argument("--interleave", action="store_true",
                    help="batch 1: run a round's methods side by side, prompt by prompt")
     p.add_argument("--smoke", action="store_true",
@@ -175,6 +181,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             setattr(args, key, value)
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.window_steps is not None and (args.window_steps < 1 or args.interleave
+                                          or args.multi_turn):
+        p.error("--window-steps needs N >= 1, and neither --interleave nor --multi-turn")
     return args
 
 
@@ -484,7 +493,9 @@ def compare_with_none(rows: list[dict], temperature: float) -> None:
         if ref is not None and ref["output_tokens_per_s"]:
             r["ratio_to_none"] = r["output_tokens_per_s"] / ref["output_tokens_per_s"]
         if temperature == 0 and first is not None:
-            same = sum(a == b for a, b in zip(r["token_ids"], first["token_ids"]))
+            # A step window cuts runs at different lengths: compare what both emitted.
+            same = sum(a[:len(b)] == b[:len(a)] if r.get("window") else a == b
+                       for a, b in zip(r["token_ids"], first["token_ids"]))
             r["identical_to_none"] = f"{same}/{len(first['token_ids'])}"
 
 
@@ -806,6 +817,7 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats, "reference": args.reference,
         "interleaved": bool(args.interleave), "enforce_eager": bool(args.eager),
         "multi_turn": bool(args.multi_turn), "warmup": not args.no_warmup,
+        "window_steps": args.window_steps,
     }
     unavailable: dict[str, str] = {}
     pythons: dict[str, str] = {}  # method -> interpreter, where not this one
@@ -840,7 +852,7 @@ def main(argv: list[str] | None = None) -> int:
         return {"model": model, "speculative_config": methods[name], "dtype": args.dtype,
                 "max_model_len": args.max_model_len, "kv_cache_bytes": int(kv),
                 "attention_backend": args.attention_backend, "enforce_eager": args.eager,
-                "warmup": not args.no_warmup,
+                "warmup": not args.no_warmup, "window_steps": args.window_steps,
                 "batch_size": batch, "max_tokens": args.max_tokens,
                 "temperature": args.temperature,
                 **{key: value[:n] for key, value in items.items()},

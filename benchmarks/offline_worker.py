@@ -7,6 +7,11 @@ Before the measured prompts the worker warms the engine up with one prompt that 
 never measured, unless the job says ``"warmup": false`` (offline.py ``--no-warmup``:
 a cold start, e.g. matrix.py's cold-start cell).
 
+With ``"window_steps": N`` (offline.py ``--window-steps``) the worker stops after the
+first engine step and N more, aborting unfinished requests, and its throughput is the
+tokens those N steps emitted over their time: a fixed number of decode steps, however
+many tokens each method got from them.
+
 The engine runs in vLLM's default mode (compiled: torch.compile, and CUDA graphs on a
 GPU) unless the job says ``"enforce_eager": true`` (offline.py ``--eager``); the result
 records the mode the engine ended up in (``execution_mode``).
@@ -217,8 +222,13 @@ def _watch_scheduler(engine) -> dict | None:
     return scheduler._bench_last
 
 
-def _generate_stepwise(llm, prompts: list[list[int]], params, first_id: int = 0) -> dict:
-    """Submit all prompts, drive the engine step by step, log who got tokens when."""
+def _generate_stepwise(llm, prompts: list[list[int]], params, first_id: int = 0,
+                       window_steps: int | None = None) -> dict:
+    """Submit all prompts, drive the engine step by step, log who got tokens when.
+
+    ``window_steps``: stop after the first engine step (the first prompts' prefill) and
+    that many more, aborting what is unfinished; the result's ``window`` has the tokens
+    those steps emitted and their time."""
     engine = llm.llm_engine
     ids = [f"bench-{first_id + i}" for i in range(len(prompts))]
     tokens: dict[str, list[int]] = {rid: [] for rid in ids}
@@ -230,7 +240,11 @@ def _generate_stepwise(llm, prompts: list[list[int]], params, first_id: int = 0)
     start = time.perf_counter()
     for rid, prompt in zip(ids, prompts):
         engine.add_request(rid, {"prompt_token_ids": prompt}, params)
+    window = {"steps": 0, "seconds": 0.0, "emitted": 0} if window_steps else None
     while engine.has_unfinished_requests():
+        if window and window["steps"] == window_steps:
+            engine.abort_request(ids)
+            break
         t = time.perf_counter()
         outputs = engine.step()
         seconds = time.perf_counter() - t
@@ -248,10 +262,14 @@ def _generate_stepwise(llm, prompts: list[list[int]], params, first_id: int = 0)
             sizes.add(scheduled["tokens"], seconds, emitted, live)
         if first_step is None:
             first_step = {"seconds": seconds, "emitted": emitted}
+        elif window:
+            window["steps"] += 1
+            window["seconds"] += seconds
+            window["emitted"] += emitted
     wall = time.perf_counter() - start
     return {"token_ids": [tokens[r] for r in ids], "forwards": [forwards[r] for r in ids],
             "wall_s": wall, "step_s": step_seconds, "engine_steps": steps,
-            "step_sizes": sizes, "first_step": first_step}
+            "step_sizes": sizes, "first_step": first_step, "window": window}
 
 
 def _render(tokenizer, messages: list[dict]) -> list[int]:
@@ -317,7 +335,8 @@ def _generate_all(llm, job: dict, params, tokenizer=None) -> dict:
     if job.get("conversations"):
         return _generate_conversations(llm, tokenizer, job["conversations"], params,
                                        job["batch_size"], job["max_model_len"])
-    return _generate_stepwise(llm, job["prompt_ids"], params)
+    return _generate_stepwise(llm, job["prompt_ids"], params,
+                              window_steps=job.get("window_steps"))
 
 
 def _generate_on_request(llm, job: dict, params, tokenizer=None) -> dict:
@@ -404,6 +423,7 @@ def run(job: dict) -> dict:
     propose_after = llm.collective_rpc(_read_propose)[0] if drafter else None
 
     total_tokens = sum(len(t) for t in gen["token_ids"])
+    window = gen.get("window")
     total_forwards = sum(gen["forwards"])
     by_cat: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for cat, toks, fwd in zip(job["categories"], gen["token_ids"], gen["forwards"]):
@@ -429,7 +449,10 @@ def run(job: dict) -> dict:
         "cut_conversations": gen.get("cut_conversations"),
         "output_tokens": total_tokens,
         "wall_s": gen["wall_s"],
-        "output_tokens_per_s": total_tokens / gen["wall_s"] if gen["wall_s"] else None,
+        # With a step window: the window's tokens over its time (its steps only).
+        "output_tokens_per_s": (window["emitted"] / window["seconds"] if window
+                                else total_tokens / gen["wall_s"] if gen["wall_s"] else None),
+        "window": window,
         "engine_steps": gen["engine_steps"],
         "forwards": total_forwards,
         "tokens_per_forward": total_tokens / total_forwards if total_forwards else None,

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """matrix.py's cells without engines (offline.py stubbed): the cold-start cell runs
-fresh engines without warm-up, batch 16, 64 prompts x 16 tokens, none against echo, and
-reports echo / none per round; the new workloads pass their own offline.py options."""
+fresh engines without warm-up, batch 16, the first 64 decode steps of 16 prompts x 256
+tokens, none against echo, and reports echo / none per round; the new workloads pass their own offline.py options."""
 
 from __future__ import annotations
 
@@ -45,16 +45,17 @@ def test_cold_start_cell(tmp_path: Path, calls: list) -> None:
     matrix.main(["--workloads", "copy-edit", "agent-loop", "--dtypes", "float32",
                  "--cells", "cold-start", "--repeats", "2", "--out", str(tmp_path)])
     (argv, args), = calls  # the agent loop has no cold-start cell
-    assert args.no_warmup and args.batch_sizes == [16] and args.num_prompts == 64
-    assert args.max_tokens == 16 and args.methods == ["none", "echo"]
+    assert args.no_warmup and args.batch_sizes == [16] and args.num_prompts == 16
+    assert args.max_tokens == 256 and args.window_steps == 64
+    assert args.methods == ["none", "echo"]
     assert not args.interleave and not args.eager
     (cell,) = json.loads((tmp_path / "matrix.json").read_text())
     assert (cell["kind"], cell["batch_size"], cell["prompts"], cell["mode"]) == (
-        "cold-start", 16, 64, "compiled")
+        "cold-start", 16, 16, "compiled")
     (target,) = cell["targets"]
     assert target["target"] == "echo >= none at cold start" and target["against"] == "none"
     assert target["ratios"] == [pytest.approx(1.2)] * 2 and target["met"] is True
-    assert "| copy-edit, cold start | float32 | 16 | 64 |" in (tmp_path / "matrix.md").read_text()
+    assert "| copy-edit, cold start | float32 | 16 | 16 |" in (tmp_path / "matrix.md").read_text()
 
 
 def test_new_workloads_run_their_batch_sizes(tmp_path: Path, calls: list) -> None:

@@ -47,6 +47,18 @@ def test_ratios_are_paired_by_round() -> None:
     assert offline._ratio_text(ngram["vs_none"]) == "1.25 [1.20–1.30]"
 
 
+def test_a_step_window_compares_the_tokens_both_runs_emitted() -> None:
+    window = {"steps": 64, "seconds": 1.0, "emitted": 3}
+    none = {**_run("none", 0, 10.0), "token_ids": [[1, 2], [5, 6]], "window": window}
+    same = {**_run("echo", 0, 11.0), "token_ids": [[1, 2, 3], [5, 6]], "window": window}
+    other = {**_run("ngram", 0, 9.0), "token_ids": [[1, 2, 3], [5, 7, 8]], "window": window}
+    offline.compare_with_none([none, same, other], temperature=0.0)
+    assert same["identical_to_none"] == "2/2" and other["identical_to_none"] == "1/2"
+    whole = {**_run("echo", 0, 11.0), "token_ids": [[1, 2, 3], [5, 6]]}  # no window
+    offline.compare_with_none([none, whole], temperature=0.0)
+    assert whole["identical_to_none"] == "1/2"
+
+
 def test_ratios_after_the_first_step_leave_its_time_out() -> None:
     def run(method: str, round_: int, wall: float, first_s: float) -> dict:
         return {"method": method, "batch_size": 8, "round": round_, "status": "ok",
