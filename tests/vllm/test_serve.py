@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`vllm serve --speculative-config '{"method":"echo"}'` (and logitspec) on 127.0.0.1.
+"""`vllm serve --speculative-config '{"method":"echo"}'` (echo with its opt-in draft
+sources, and logitspec) on 127.0.0.1.
 
 One no-spec server answers a battery of requests; each speculative server answers
 the same battery and must return exactly the same text (greedy, fp32). The
@@ -117,19 +118,24 @@ def expected(model_path, questions) -> dict:
 # On CPU plain logitspec verifies chains; trees are what preemption must survive. (On
 # FLEX_ATTENTION's tree path, the GPU path's mask and compaction, preemption with trees
 # in flight is checked in the engine: test_flex_tree_attention.py.)
-@pytest.fixture(scope="module",
-                params=[{"method": "echo"}, {"method": "logitspec", "tree": True}],
-                ids=["echo", "logitspec"])
+# echo-sources: ECHO with both opt-in sources, other requests' outputs and recycled
+# candidates (the battery repeats questions, so the shared store has answers to offer).
+SERVED = {"echo": {"method": "echo"},
+          "echo-sources": {"method": "echo", "shared_outputs": True, "recycled": True},
+          "logitspec": {"method": "logitspec", "tree": True}}
+
+
+@pytest.fixture(scope="module", params=list(SERVED))
 def served(request, model_path, questions):
-    """(method, battery answers, /metrics after them, the live server)."""
-    with openai_server(model_path, request.param, *BLOCK_ARGS, max_model_len=MAX_MODEL_LEN,
-                       kv_cache_bytes=SMALL_KV_BYTES) as server:
+    """(name in SERVED, battery answers, /metrics after them, the live server)."""
+    with openai_server(model_path, SERVED[request.param], *BLOCK_ARGS,
+                       max_model_len=MAX_MODEL_LEN, kv_cache_bytes=SMALL_KV_BYTES) as server:
         got = battery(server, questions)
         # A lone request last: per-request state is released at the next engine step,
         # so once idle at most this request's state may remain.
         chat(server, questions[0], 4)
         time.sleep(1.5)  # the worker publishes its statistics twice a second
-        yield request.param["method"], got, server.metrics(), server
+        yield request.param, got, server.metrics(), server
 
 
 def test_reference_battery_is_meaningful(expected):
@@ -246,9 +252,12 @@ def test_small_cache_preempted_and_drafts_verified(served):
         assert total("vllm_echo:tree_verifications_total") > 0, "logitspec verified no tree"
     assert total("vllm_echo:tracked_requests") <= 1, "finished requests still hold state"
     assert total("vllm_echo:failures_total") == 0
-    if method == "echo":
+    if method.startswith("echo"):
         assert any(k.startswith("vllm_echo:echo_k_max") for k in metrics)
         assert total("vllm_echo:echo_drafted_tokens_total") > 0
+    if method == "echo-sources":
+        assert total("vllm_echo:shared_outputs_bytes") > 0, "the shared store holds nothing"
+        assert total("vllm_echo:recycled_bytes") > 0
 
 
 PROMPTS_PER_CALL = 50
@@ -280,7 +289,8 @@ def test_memory_flat_over_600_requests(served, questions, model_path):
     grows by a few hundred MiB over 2,000 requests, so the baseline is measured)."""
     method, _, _, server = served
     if method != "echo":
-        pytest.skip("measured once, on echo (same per-request state as logitspec)")
+        pytest.skip("measured once, on echo's defaults (same per-request state as "
+                    "logitspec; the opt-in shared store fills its fixed size first)")
     grown = rss_growth(server, questions)
     assert server.metric_sum("vllm:request_success_total") >= 600
     assert server.metric_sum("vllm_echo:tracked_requests") <= 1
