@@ -240,7 +240,9 @@ def _generate_stepwise(llm, prompts: list[list[int]], params, first_id: int = 0,
     start = time.perf_counter()
     for rid, prompt in zip(ids, prompts):
         engine.add_request(rid, {"prompt_token_ids": prompt}, params)
-    window = {"steps": 0, "seconds": 0.0, "emitted": 0} if window_steps else None
+    # per window step: [tokens it verified, ms, tokens it emitted] (hiccups show here)
+    window = ({"steps": 0, "seconds": 0.0, "emitted": 0, "per_step": []} if window_steps
+              else None)
     while engine.has_unfinished_requests():
         if window and window["steps"] == window_steps:
             engine.abort_request(ids)
@@ -266,6 +268,8 @@ def _generate_stepwise(llm, prompts: list[list[int]], params, first_id: int = 0,
             window["steps"] += 1
             window["seconds"] += seconds
             window["emitted"] += emitted
+            window["per_step"].append([scheduled["tokens"] if scheduled else None,
+                                       round(1e3 * seconds, 2), emitted])
     wall = time.perf_counter() - start
     return {"token_ids": [tokens[r] for r in ids], "forwards": [forwards[r] for r in ids],
             "wall_s": wall, "step_s": step_seconds, "engine_steps": steps,
