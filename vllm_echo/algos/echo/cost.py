@@ -82,6 +82,12 @@ class StepCost:
             return
         tune = self.tuning
         n, t = float(num_tokens), float(seconds)
+        if self.steps and tune.outlier_band:
+            # A hiccup (a slow first call, the VM pausing) counts at most this far from
+            # the model: a few slow steps at one size cannot tilt the whole curve.
+            modelled = float(self.time(np.array([n]))[0])
+            t = min(max(t, modelled * (1.0 - tune.outlier_band)),
+                    modelled * (1.0 + tune.outlier_band))
         self.steps += 1
         if self._curve is None and self._prior_slope is None:
             self._prior_slope = tune.prior_token_cost * t / n
