@@ -399,8 +399,11 @@ def startup_curve(cost: Callable[[int, int, int], float]) -> Callable[[int], flo
 def echo_replay(rows: list[dict], capacity: int, trees: bool, batch: int = 1,
                 cost: Callable[[int, int, int], float] = cpu_step_ms,
                 num_requests: int | None = None, startup: bool = True,
-                tuning: dict | None = None) -> dict[str, Any]:
-    drafter = EchoDrafter(capacity, trees, startup_curve(cost) if startup else None, tuning)
+                tuning: dict | None = None, probe_cost: Callable | None = None
+                ) -> dict[str, Any]:
+    """``probe_cost``: the cost the start-up curve is measured with (default ``cost``)."""
+    drafter = EchoDrafter(capacity, trees, startup_curve(probe_cost or cost) if startup
+                          else None, tuning)
     return {**replay(rows, drafter, batch, cost, num_requests), **drafter.stats()}
 
 
@@ -412,6 +415,7 @@ ECHO_RUNS = {"echo": {}, "echo, no start-up curve": {"startup": False},
              "echo, other mode": {"other_mode": True}}
 # --ablations: ECHO with a mechanism switched off (EchoTuning fields).
 ECHO_ABLATIONS = {"echo, no match-length buckets": {"tuning": {"match_split": 0}},
+                  "echo, no outlier band": {"tuning": {"outlier_band": 0.0}},
                   "echo, no probe": {"tuning": {"probe_after": 1 << 30}},
                   "echo, no start-up curve, no probe": {"startup": False,
                                                         "tuning": {"probe_after": 1 << 30}}}
@@ -438,15 +442,26 @@ def simulate(rows: list[dict]) -> dict[str, Any]:
     return out
 
 
+def with_stalls(cost: Callable[[int, int, int], float], rate: float, size: float,
+                seed: int = 0) -> Callable[[int, int, int], float]:
+    """``cost`` with stalls: a step, at random with probability ``rate``, takes
+    ``1 + size`` times as long (the VM pausing, a slow first call); every replay with
+    the same ``seed`` meets the same draws."""
+    rng = np.random.default_rng(seed)
+    return lambda *step: cost(*step) * (1.0 + size if rng.random() < rate else 1.0)
+
+
 def simulate_batches(rows: list[dict], batch_sizes: list[int], requests_per_slot: int = 4,
-                     ablations: bool = False) -> list[dict[str, Any]]:
+                     ablations: bool = False, stalls: tuple[float, float] = (0.0, 0.0)
+                     ) -> list[dict[str, Any]]:
     """Fixed-K drafters against ECHO (and with ``ablations`` its tuning ablations), per
     cost curve and batch size.
 
     ``requests_per_slot`` x batch requests pass through the batch (rows cycled), so
     that the batch stays full most of the time, as under steady serving load. With one
     request per slot the run ends with the slowest request, whatever the others
-    gained (the offline benchmark's shape: all prompts submitted at once)."""
+    gained (the offline benchmark's shape: all prompts submitted at once). ``stalls``:
+    (rate, size) of :func:`with_stalls` on every step of every replay."""
     fixed = {"ngram k=4 m1..3 (vLLM)": vllm_ngram(4, 1, 3),
              "logitspec chain K=4": logitspec_chain(4)}
     echo_runs = {**ECHO_RUNS, **(ECHO_ABLATIONS if ablations else {})}
@@ -454,14 +469,18 @@ def simulate_batches(rows: list[dict], batch_sizes: list[int], requests_per_slot
     for curve_name, (cost, capacity, trees) in COST_CURVES.items():
         for batch in batch_sizes:
             count = max(len(rows), requests_per_slot * batch)
-            none = replay(rows, None, batch, cost, count)
-            runs = {name: replay(rows, PerRequest(draft), batch, cost, count)
+
+            def steps():  # every replay meets the same stalls
+                return with_stalls(cost, *stalls) if stalls[0] else cost
+            none = replay(rows, None, batch, steps(), count)
+            runs = {name: replay(rows, PerRequest(draft), batch, steps(), count)
                     for name, draft in fixed.items()}
             for name, kwargs in echo_runs.items():
                 kwargs = dict(kwargs)
                 mode = trees != kwargs.pop("other_mode", False)
                 label = name.replace("other mode", "trees" if mode else "chains")
-                runs[label] = echo_replay(rows, capacity, mode, batch, cost, count, **kwargs)
+                runs[label] = echo_replay(rows, capacity, mode, batch, steps(), count,
+                                          probe_cost=cost, **kwargs)
             for name, result in runs.items():
                 out.append({"cost": curve_name, "batch": batch, "method": name,
                             "requests": count, **_with_speedup(result, none)})
@@ -515,6 +534,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="requests through the batch per batch slot in that comparison")
     p.add_argument("--ablations", action="store_true",
                    help="add ECHO's tuning ablations (EchoTuning switches) to that comparison")
+    p.add_argument("--stalls", nargs=2, type=float, default=(0.0, 0.0),
+                   metavar=("RATE", "SIZE"),
+                   help="in that comparison a step stalls with probability RATE, taking "
+                        "1 + SIZE times as long (e.g. 0.05 1.0; --ablations shows what "
+                        "ECHO's outlier band does about it)")
     p.add_argument("--low-acceptance-first", action="store_true",
                    help="replay the prompts in order of acceptance, lowest first")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
@@ -556,7 +580,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.batch_sizes and all("topk_logprobs" in row for row in rows):
         start = time.perf_counter()
         report["batches"] = simulate_batches(rows, args.batch_sizes, args.requests_per_slot,
-                                             args.ablations)
+                                             args.ablations, tuple(args.stalls))
+        report["stalls"] = list(args.stalls)
         report["batches_replay_s"] = time.perf_counter() - start
         print(f"\nModeled speed-up over none (tokens per forward) by batch size, "
               f"{args.requests_per_slot} requests per batch slot, replayed in "

@@ -29,7 +29,7 @@ def test_timed_seconds_follow_the_forward_cost():
 
     sizes, seconds = time_forwards(forward, [1, 4, 8], repeats=2)
     assert sizes.tolist() == [1, 4, 8]
-    assert calls == [1, 1, 1, 4, 4, 4, 8, 8, 8]  # one untimed call per size first
+    assert calls == [1, 4, 8, 1, 4, 8, 1, 4, 8]  # one untimed call per size, then passes
     assert np.all(np.diff(seconds) > 0)
     assert seconds[2] == pytest.approx(0.016, abs=0.01)
 
@@ -50,6 +50,20 @@ class Runner:
     def _compute_logits(self, hidden):
         self.events.append(("logits", hidden.shape[0]))
         return torch.zeros(hidden.shape[0], 5)
+
+
+def test_a_stall_during_one_size_does_not_price_it():
+    """The machine stalls for the first timed pass's 8-token forward: the fastest of the
+    passes is the forward's cost."""
+    calls = []
+
+    def forward(n):
+        calls.append(n)
+        time.sleep(0.002 * n + (0.1 if len(calls) == 6 else 0.0))
+
+    _, seconds = time_forwards(forward, [1, 4, 8], repeats=3)
+    assert calls[5] == 8
+    assert seconds[2] == pytest.approx(0.016, abs=0.008)
 
 
 def test_the_probe_runs_after_the_kv_cache_is_made():

@@ -82,9 +82,10 @@ class StepCost:
             return
         tune = self.tuning
         n, t = float(num_tokens), float(seconds)
-        if self.steps and tune.outlier_band:
+        if self.steps and tune.outlier_band and self._curve is not None:
             # A hiccup (a slow first call, the VM pausing) counts at most this far from
             # the model: a few slow steps at one size cannot tilt the whole curve.
+            # (Without a measured curve the model is a guess: steps teach it freely.)
             modelled = float(self.time(np.array([n]))[0])
             t = min(max(t, modelled * (1.0 - tune.outlier_band)),
                     modelled * (1.0 + tune.outlier_band))

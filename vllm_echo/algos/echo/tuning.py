@@ -37,8 +37,9 @@ class EchoTuning:
     bucket_prior_steps: float = 4.0
     # Growth of bucket sizes past 16 tokens: finer follows the curve, coarser pools steps.
     bucket_growth: float = 1.25
-    # A timed step counts at most this fraction above or below the modelled time (0: as
-    # timed): shrugs off hiccups (a slow first call, the VM pausing) vs follows jumps slower.
+    # With a measured curve, a timed step counts at most this fraction above or below the
+    # modelled time (0: as timed): shrugs off hiccups (a slow first call, the VM pausing)
+    # vs follows real jumps slower.
     outlier_band: float = 0.15
     # No measured curve: a token's prior price, in the first step's time per token (high: timid).
     prior_token_cost: float = 0.03

@@ -20,8 +20,9 @@ import numpy as np
 
 from vllm_echo.plugin.runner.access import wrap_runner_method
 
-# Forwards per size; the median is kept. Sizes are fixed (not time-bounded) so that
-# tensor-parallel ranks, whose forwards are collectives, run the same ones.
+# Timed passes over the sizes; each size keeps its fastest forward. Sizes are fixed (not
+# time-bounded) so that tensor-parallel ranks, whose forwards are collectives, run the
+# same ones.
 REPEATS = 3
 LARGEST_SIZE = 128  # tokens: bounds the start-up cost (about 2.5 s, embedded model on 2 CPU cores)
 
@@ -35,18 +36,23 @@ def probe_sizes(max_tokens: int) -> list[int]:
 
 def time_forwards(forward: Callable[[int], Any], sizes: list[int],
                   repeats: int = REPEATS) -> tuple[np.ndarray, np.ndarray]:
-    """``(sizes, median seconds)`` of ``forward(n)`` for each size, after one untimed
-    call per size (a first call may allocate or specialise)."""
-    seconds = []
+    """``(sizes, fastest seconds)`` of ``forward(n)`` for each size, over ``repeats``
+    passes through all the sizes, after one untimed call per size (a first call may
+    allocate or specialise).
+
+    Passes, not repeats in a row, and the fastest, not the median: a stall of the
+    machine only adds time, and one as long as a size's repeats in a row (a second or
+    so) made a 64-token step look three times its cost for a whole run (journal
+    2026-12-06-night)."""
     for n in sizes:
         forward(n)
-        times = []
-        for _ in range(repeats):
+    seconds = np.full(len(sizes), np.inf)
+    for _ in range(repeats):
+        for i, n in enumerate(sizes):
             start = time.perf_counter()
             forward(n)
-            times.append(time.perf_counter() - start)
-        seconds.append(float(np.median(times)))
-    return np.asarray(sizes, dtype=np.int64), np.asarray(seconds)
+            seconds[i] = min(seconds[i], time.perf_counter() - start)
+    return np.asarray(sizes, dtype=np.int64), seconds
 
 
 def verification_step(runner: Any, n: int) -> Any:
