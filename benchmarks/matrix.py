@@ -161,8 +161,11 @@ def cell_record(args, report: dict, workload: str, dtype: str, batch: int, kind:
     # Prompts that ran: fewer than asked where the workload has fewer (copy-edit's 47
     # at batch 64).
     ran = [r["num_prompts"] for r in report["results"] if r.get("num_prompts")]
+    git = (report.get("environment") or {}).get("git") or {}
     return {"workload": workload, "dtype": dtype, "batch_size": batch, "kind": kind,
             "mode": "eager" if args.eager else "compiled",
+            # cells of several runs are published side by side, each with its commit
+            "commit": git.get("commit"), "dirty": git.get("dirty"),
             "max_tokens": report["max_tokens"], "prompts": max(ran, default=prompts),
             "summary": report["summary"],
             "targets": check_cell(report, workload, batch, kind),

@@ -5,6 +5,7 @@
     python benchmarks/render_tables.py --check      # exit 1, with a diff, if one differs
     python benchmarks/render_tables.py --publish matrix benchmarks/results/matrix-<time> \\
         --command "python benchmarks/matrix.py ..."  # commit a result as a table's source
+    python benchmarks/render_tables.py --publish matrix OLD_RUN NEW_RUN --command "..."
 
 A table sits between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->`` in a
 Markdown file; everything between the two markers is generated, so numbers are
@@ -92,16 +93,17 @@ def render_targets() -> str:
     """benchmarks/README.md: ECHO's targets, cell by cell, from matrix.json."""
     cells = _load("matrix")
     notes = json.loads(NOTES.read_text(encoding="utf-8")) if NOTES.is_file() else {}
-    rows = ["| workload | dtype | batch | prompts | target | against | ratio per round "
-            "| median | status | why not |", "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| workload | dtype | batch | prompts | commit | target | against | ratio per "
+            "round | median | status | why not |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for cell in cells:
+        commit = (cell.get("commit") or "–")[:7] + ("+" if cell.get("dirty") else "")
         for t in cell["targets"]:
             key = f"{cell['workload']}/{cell['dtype']}/{cell['batch_size']}/{t['target']}"
             status = {True: "met", False: "**not met**", None: "–"}[t["met"]]
             why = "" if t["met"] else notes.get(key, "(no note yet)")
             median = "–" if t["median"] is None else f"{t['median']:.3f}"
             rows.append(f"| {_workload(cell)} | {cell['dtype']} | {cell['batch_size']} | "
-                        f"{cell['prompts']} | {t['target']} | `{t['against']}` | "
+                        f"{cell['prompts']} | `{commit}` | {t['target']} | `{t['against']}` | "
                         f"{_ratios(t['ratios'])} | {median} | {status} | {why} |")
     return provenance("matrix") + "\n\n" + "\n".join(rows) + "\n"
 
@@ -202,15 +204,38 @@ def merge_examples(runs: list[dict]) -> dict:
     return merged
 
 
+def _cell_key(cell: dict) -> tuple:
+    return cell["workload"], cell["dtype"], cell["batch_size"], cell.get("kind", "batch")
+
+
+def merge_matrices(folders: list[Path]) -> list[dict]:
+    """The cells of several matrix.py runs as one matrix: a later folder's cell replaces
+    an earlier one of the same workload, dtype, batch size and kind; every cell carries
+    the commit it ran at (read from its offline.py results where matrix.json has none)."""
+    cells: dict[tuple, dict] = {}
+    for folder in folders:
+        for cell in json.loads((folder / "matrix.json").read_text(encoding="utf-8")):
+            if not cell.get("commit"):
+                kind = "cold-start" if cell.get("kind") == "cold-start" else \
+                    f"b{cell['batch_size']}"
+                report = folder / f"{cell['workload']}-{cell['dtype']}-{kind}" / "results.json"
+                git = json.loads(report.read_text(encoding="utf-8"))["environment"]["git"]
+                cell = {**cell, "commit": git["commit"], "dirty": git["dirty"]}
+            cells[_cell_key(cell)] = cell  # a replaced cell keeps its place
+    return list(cells.values())
+
+
 def publish(name: str, source: Path, command: str, more: list[Path] = ()) -> None:
     """Copy a script's result into benchmarks/published/ and record where it came from
-    (the example: several runs' files are published as their medians)."""
+    (the example: several runs' files are published as their medians; the matrix:
+    several runs' cells as one matrix, the last folder's commit as its source)."""
     src = source / RESULT_FILES[name] if source.is_dir() else source
     data = json.loads(src.read_text(encoding="utf-8"))
     if name == "example" and more:
         data = merge_examples([data] + [json.loads(p.read_text(encoding="utf-8")) for p in more])
     if name == "matrix":  # matrix.json has no environment; each cell's offline.py run has
-        cell = next(source.glob("*/results.json"))
+        data = merge_matrices([source, *more])
+        cell = next((more[-1] if more else source).glob("*/results.json"))
         env = json.loads(cell.read_text(encoding="utf-8"))["environment"]
         git = env["git"]
     elif name == "example":
@@ -220,7 +245,7 @@ def publish(name: str, source: Path, command: str, more: list[Path] = ()) -> Non
         env = data["environment"]
         git = env["git"]
     PUBLISHED.mkdir(parents=True, exist_ok=True)
-    if name == "example" and more:
+    if more or name == "matrix":
         (PUBLISHED / RESULT_FILES[name]).write_text(json.dumps(data, indent=1) + "\n",
                                                    encoding="utf-8")
     else:
@@ -242,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--publish", nargs="+", metavar="NAME PATH",
                    help=f"NAME: one of {', '.join(RESULT_FILES)}; PATH: the result file or "
                         "the folder the script wrote (example: several files, published "
-                        "as their medians)")
+                        "as their medians; matrix: several folders, their cells merged, a "
+                        "later folder's cell replacing an earlier one's)")
     p.add_argument("--command", help="with --publish: the command that made the result")
     args = p.parse_args(argv)
     if args.publish:
@@ -253,8 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         name, path, *more = args.publish
         if name not in RESULT_FILES:
             p.error(f"unknown NAME {name!r}; allowed: {', '.join(RESULT_FILES)}")
-        if more and name != "example":
-            p.error("several PATHs: the example only")
+        if more and name not in ("example", "matrix"):
+            p.error("several PATHs: the example or the matrix only")
         publish(name, Path(path), args.command, [Path(m) for m in more])
     stale = 0
     for path, (before, after) in rendered_files().items():

@@ -41,3 +41,30 @@ def test_settings_reference_names_real_keys() -> None:
     assert keys, "no settings table found"
     assert keys <= EchoSettings.field_names() | VLLM_PASSTHROUGH_KEYS, \
         keys - EchoSettings.field_names()
+
+
+def test_matrix_runs_merge_cell_by_cell(tmp_path: Path) -> None:
+    """--publish matrix OLD NEW: NEW's cell replaces OLD's of the same workload, dtype,
+    batch size and kind; each keeps the commit it ran at."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import render_tables
+
+    def run(name: str, commit: str, cells: list[tuple]) -> Path:
+        folder = tmp_path / name
+        out = []
+        for workload, batch, kind, median in cells:
+            sub = "cold-start" if kind == "cold-start" else f"b{batch}"
+            (folder / f"{workload}-float32-{sub}").mkdir(parents=True)
+            (folder / f"{workload}-float32-{sub}" / "results.json").write_text(json.dumps(
+                {"environment": {"git": {"commit": commit * 40, "dirty": False}}}))
+            out.append({"workload": workload, "dtype": "float32", "batch_size": batch,
+                        "kind": kind, "targets": [{"median": median}]})
+        (folder / "matrix.json").write_text(json.dumps(out))
+        return folder
+
+    old = run("old", "a", [("copy-edit", 1, "batch", 1.1), ("spec-bench", 16, "cold-start", 0.9)])
+    new = run("new", "b", [("spec-bench", 16, "cold-start", 1.1), ("spec-bench", 8, "batch", 1.2)])
+    merged = render_tables.merge_matrices([old, new])
+    assert [(c["workload"], c["batch_size"], c["commit"][0], c["targets"][0]["median"])
+            for c in merged] == [("copy-edit", 1, "a", 1.1), ("spec-bench", 16, "b", 1.1),
+                                 ("spec-bench", 8, "b", 1.2)]
