@@ -42,7 +42,8 @@ class Runner:
     def initialize_kv_cache(self, kv_cache_config):
         self.events.append(("kv", kv_cache_config))
 
-    def _dummy_run(self, num_tokens):
+    def _dummy_run(self, num_tokens, force_attention=False):
+        assert force_attention, "the probe's forwards must run attention"
         self.events.append(("forward", num_tokens))
         hidden = torch.zeros(num_tokens + 3, 2)  # padded, as vLLM may
         return hidden, hidden[-1:]

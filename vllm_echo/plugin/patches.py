@@ -229,12 +229,13 @@ themselves off (same log line and counter) on a call they do not understand.
 
 10. ``runner.initialize_kv_cache`` (instance attribute; ECHO only, from its proposer's
    ``load_model``)
-   What: after the original, time ``runner._dummy_run(n)`` followed by
-      ``runner.model.compute_logits`` and an argmax over its n rows (three per size,
-      the median kept) at n = 1, 2, 4, ... up to the most tokens a decode step can
-      verify (capped at 128; the curve extrapolates past it), and give the points to
-      ECHO's step-cost curve (runner/cost_probe.py), with one log line of the curve
-      and the seconds it took.
+   What: after the original, time ``runner._dummy_run(n, force_attention=True)``
+      (with attention metadata: without it the layers compute on garbage) followed by
+      ``runner.model.compute_logits`` and an argmax over its n rows (three passes
+      through the sizes, each size's fastest kept) at n = 1, 2, 4, ... up to the most
+      tokens a decode step can verify (capped at 128; the curve extrapolates past it),
+      and give the points to ECHO's step-cost curve (runner/cost_probe.py), with one
+      log line of the curve and the seconds it took.
    Why: ECHO prices a draft token by that curve from its first step instead of
       learning it by exploring; the KV cache (and, compiled, the model) exists only
       after this call, and the custom_class contract has no later hook.

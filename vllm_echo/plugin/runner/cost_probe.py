@@ -57,8 +57,13 @@ def time_forwards(forward: Callable[[int], Any], sizes: list[int],
 
 def verification_step(runner: Any, n: int) -> Any:
     """A dummy forward of ``n`` tokens, then the logits of every row and their argmax
-    (a verification step samples every verified token's row)."""
-    hidden, _ = runner._dummy_run(n)
+    (a verification step samples every verified token's row).
+
+    With attention (``force_attention``): without it vLLM's dummy run has no attention
+    metadata and every layer after the first computes on garbage (all hidden states
+    came out non-finite on the CPU), whose speed depends on what the garbage is; in 5
+    of 17 batch-8 engine starts that priced 64-token steps at 2-3x their cost."""
+    hidden, _ = runner._dummy_run(n, force_attention=True)
     return runner.model.compute_logits(hidden[:n]).argmax(dim=-1)
 
 
