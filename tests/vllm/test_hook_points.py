@@ -18,6 +18,17 @@ def test_installed_vllm_matches_the_hooks():
                            PREPARE_PARAMS) is None
 
 
+def test_installed_vllm_runs_the_probe_forward_with_attention():
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    from vllm_echo.plugin.runner.cost_probe import accepts
+
+    assert accepts(CPUModelRunner._dummy_run, "force_attention")
+    assert not accepts(lambda num_tokens: None, "force_attention")
+    assert accepts(lambda num_tokens, **kwargs: None, "force_attention")
+    assert not accepts(None, "force_attention")
+
+
 def test_signature_drift_and_argument_lookup():
     def renamed(logits, spec_metadata):
         pass

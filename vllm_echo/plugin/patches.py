@@ -242,7 +242,8 @@ themselves off (same log line and counter) on a call they do not understand.
    Upstream: gpu_model_runner.py:7055 (initialize_kv_cache), :5508 (_dummy_run, what
       vLLM's own warm-up and profile run call); cpu_worker.py:264 (the CPU worker's
       compile and warm-up run before it).
-   Drift: a runner without ``initialize_kv_cache`` or ``_dummy_run`` (one log line),
+   Drift: a runner without ``initialize_kv_cache``, or whose ``_dummy_run`` takes no
+      ``force_attention`` (one log line; test_hook_points checks the installed vLLM),
       or a probe that raises (a counted failure ``step cost probe``), leaves the curve
       to be learned from real steps; the engine starts either way. Sizes are fixed, so
       tensor-parallel ranks run the same forwards.

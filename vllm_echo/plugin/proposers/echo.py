@@ -18,7 +18,7 @@ from vllm_echo.algos import echo
 from vllm_echo.algos.draft_sources import ORIGIN_RECYCLED, ORIGIN_SHARED
 from vllm_echo.algos.echo import Candidates, EchoPlanner, EchoTuning, Plan
 from vllm_echo.plugin.proposers.logitspec import LogitSpecProposer
-from vllm_echo.plugin.runner.cost_probe import install_cost_probe
+from vllm_echo.plugin.runner.cost_probe import accepts, install_cost_probe
 from vllm_echo.plugin.runner.step_timer import StepTimer
 from vllm_echo.plugin.runner.tree_state import TreeDraft
 
@@ -53,9 +53,9 @@ class EchoProposer(LogitSpecProposer):
         if self._no_spec is not None or runner is None:
             return
         if not (callable(getattr(runner, "initialize_kv_cache", None))
-                and callable(getattr(runner, "_dummy_run", None))):
+                and accepts(getattr(runner, "_dummy_run", None), "force_attention")):
             self._hook_unavailable("initialize_kv_cache", "the runner has no "
-                                   "initialize_kv_cache or _dummy_run",
+                                   "initialize_kv_cache, or no _dummy_run(force_attention=)",
                                    "a step-cost curve learned from real steps")
             return
         scheduler = self._vllm_config.scheduler_config

@@ -13,6 +13,7 @@ contexts, sampling and scheduling, which a dummy forward does not show).
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Any, Callable
 
@@ -53,6 +54,18 @@ def time_forwards(forward: Callable[[int], Any], sizes: list[int],
             forward(n)
             seconds[i] = min(seconds[i], time.perf_counter() - start)
     return np.asarray(sizes, dtype=np.int64), seconds
+
+
+def accepts(method: Any, keyword: str) -> bool:
+    """Whether ``method`` is callable with ``keyword`` (the probe needs
+    ``_dummy_run(n, force_attention=True)``)."""
+    if not callable(method):
+        return False
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def verification_step(runner: Any, n: int) -> Any:
