@@ -42,9 +42,8 @@ def time_forwards(forward: Callable[[int], Any], sizes: list[int],
     allocate or specialise).
 
     Passes, not repeats in a row, and the fastest, not the median: a stall of the
-    machine only adds time, and one as long as a size's repeats in a row (a second or
-    so) made a 64-token step look three times its cost for a whole run (journal
-    2026-12-06-night)."""
+    machine only adds time, and repeats in a row let one stall of a second or so take
+    a size's whole median."""
     for n in sizes:
         forward(n)
     seconds = np.full(len(sizes), np.inf)
@@ -72,10 +71,11 @@ def verification_step(runner: Any, n: int) -> Any:
     """A dummy forward of ``n`` tokens, then the logits of every row and their argmax
     (a verification step samples every verified token's row).
 
-    With attention (``force_attention``): without it vLLM's dummy run has no attention
-    metadata and every layer after the first computes on garbage (all hidden states
-    came out non-finite on the CPU), whose speed depends on what the garbage is; in 5
-    of 17 batch-8 engine starts that priced 64-token steps at 2-3x their cost."""
+    With attention (``force_attention``): without it vLLM's dummy run builds no
+    attention metadata, the attention layers leave their output unwritten and the
+    forward computes on garbage (every hidden state came out non-finite on the CPU),
+    at a speed that depends on the garbage: 5 of 17 batch-8 engine starts priced
+    64-token steps at 2-3x their cost (journal 2026-12-06-night)."""
     hidden, _ = runner._dummy_run(n, force_attention=True)
     return runner.model.compute_logits(hidden[:n]).argmax(dim=-1)
 
