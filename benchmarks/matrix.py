@@ -80,6 +80,12 @@ SMOKE = dict(workloads=["copy-edit"], batch_sizes=[1], dtypes=["float32"], repea
              prompts=2, max_tokens=16, methods=["none", "ngram", "echo"], cells=["batch"])
 
 
+def cell_folder(out: Path, workload: str, dtype: str, batch: int, kind: str) -> Path:
+    """Where a cell's offline.py results go inside a matrix run's folder."""
+    suffix = "cold-start" if kind == "cold-start" else f"b{batch}"
+    return out / f"{workload}-{dtype}-{suffix}"
+
+
 def prompts_for(workload: str, batch: int, prompts: int) -> int:
     """Batch 1 and 64: one wave (``prompts`` at batch 1, at least the workload's
     fewest); other sizes: steady, 4 x b."""
@@ -246,12 +252,13 @@ def main(argv: list[str] | None = None) -> int:
                 for batch in args.batch_sizes or WORKLOAD_BATCH_SIZES.get(workload,
                                                                           DEFAULT_BATCH_SIZES):
                     report = run_cell(args, workload, dtype, batch,
-                                      out / f"{workload}-{dtype}-b{batch}")
+                                      cell_folder(out, workload, dtype, batch, "batch"))
                     save(cell_record(args, report, workload, dtype, batch, "batch",
                                      prompts_for(workload, batch, args.prompts)))
             if "cold-start" in args.cells and cold_start_workload(workload):
-                report = run_cold_start_cell(args, workload, dtype,
-                                             out / f"{workload}-{dtype}-cold-start")
+                report = run_cold_start_cell(
+                    args, workload, dtype,
+                    cell_folder(out, workload, dtype, COLD_START["batch"], "cold-start"))
                 save(cell_record(args, report, workload, dtype, COLD_START["batch"],
                                  "cold-start", COLD_START["prompts"]))
     print(markdown(cells))

@@ -31,6 +31,8 @@ from typing import Any, Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the example this checkout renders imports vllm_echo
+sys.path.insert(0, str(REPO / "benchmarks"))
+import matrix  # noqa: E402  (its cells' folder names)
 PUBLISHED = REPO / "benchmarks" / "published"
 SOURCES = PUBLISHED / "sources.json"
 NOTES = PUBLISHED / "notes.json"
@@ -216,9 +218,9 @@ def merge_matrices(folders: list[Path]) -> list[dict]:
     for folder in folders:
         for cell in json.loads((folder / "matrix.json").read_text(encoding="utf-8")):
             if not cell.get("commit"):
-                kind = "cold-start" if cell.get("kind") == "cold-start" else \
-                    f"b{cell['batch_size']}"
-                report = folder / f"{cell['workload']}-{cell['dtype']}-{kind}" / "results.json"
+                report = matrix.cell_folder(folder, cell["workload"], cell["dtype"],
+                                            cell["batch_size"], cell.get("kind", "batch"))
+                report = report / "results.json"
                 git = json.loads(report.read_text(encoding="utf-8"))["environment"]["git"]
                 cell = {**cell, "commit": git["commit"], "dirty": git["dirty"]}
             cells[_cell_key(cell)] = cell  # a replaced cell keeps its place
