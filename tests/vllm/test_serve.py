@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`vllm serve --speculative-config '{"method":"echo"}'` (echo with its opt-in draft
-sources, and logitspec) on 127.0.0.1.
+"""`vllm serve --speculative-config '{"method":"echo"}'` (and logitspec's trees with the
+opt-in draft sources) on 127.0.0.1.
 
 One no-spec server answers a battery of requests; each speculative server answers
 the same battery and must return exactly the same text (greedy, fp32). The
@@ -117,12 +117,14 @@ def expected(model_path, questions) -> dict:
 
 # On CPU plain logitspec verifies chains; trees are what preemption must survive. (On
 # FLEX_ATTENTION's tree path, the GPU path's mask and compaction, preemption with trees
-# in flight is checked in the engine: test_flex_tree_attention.py.)
-# echo-sources: ECHO with both opt-in sources, other requests' outputs and recycled
-# candidates (the battery repeats questions, so the shared store has answers to offer).
+# in flight is checked in the engine: test_flex_tree_attention.py.) logitspec's server
+# also turns on both opt-in sources, other requests' outputs and recycled candidates
+# (the battery repeats questions, so the shared store has answers to offer): one server
+# fewer than a server per combination (CI time); ECHO with the sources is checked in the
+# engine (test_draft_sources_engine.py).
 SERVED = {"echo": {"method": "echo"},
-          "echo-sources": {"method": "echo", "shared_outputs": True, "recycled": True},
-          "logitspec": {"method": "logitspec", "tree": True}}
+          "logitspec-sources": {"method": "logitspec", "tree": True, "shared_outputs": True,
+                                "recycled": True}}
 
 
 @pytest.fixture(scope="module", params=list(SERVED))
@@ -248,14 +250,14 @@ def test_small_cache_preempted_and_drafts_verified(served):
                    total("vllm:spec_decode_num_accepted_tokens_total"))
     assert ours > 0 and abs(ours - vllms) <= 0.05 * vllms, (ours, vllms)
     # ECHO's budget may rightly verify only chains under this load
-    if method == "logitspec":
+    if method.startswith("logitspec"):
         assert total("vllm_echo:tree_verifications_total") > 0, "logitspec verified no tree"
     assert total("vllm_echo:tracked_requests") <= 1, "finished requests still hold state"
     assert total("vllm_echo:failures_total") == 0
     if method.startswith("echo"):
         assert any(k.startswith("vllm_echo:echo_k_max") for k in metrics)
         assert total("vllm_echo:echo_drafted_tokens_total") > 0
-    if method == "echo-sources":
+    if method == "logitspec-sources":
         assert total("vllm_echo:shared_outputs_bytes") > 0, "the shared store holds nothing"
         assert total("vllm_echo:recycled_bytes") > 0
 
