@@ -8,10 +8,12 @@
 
 Each cell (workload, dtype, batch size) is one ``offline.py`` run with ``--repeats``
 paired rounds; at batch 1 each round is interleaved (``offline.py --interleave``: the
-methods' engines side by side, prompt by prompt). Batch 1 and 64 run one wave of
-prompts (``--prompts-per-slot 1`` at batch 64); batch 8 runs steady load: 4 x 8
-prompts, so the batch stays full while
-requests finish and new ones start (likewise 4 x 16 at batch 16).
+methods' engines side by side, prompt by prompt). Batch 1 runs one wave of prompts;
+batch 8 runs steady load: 4 x 8 prompts, so the batch stays full while requests finish
+and new ones start (likewise 4 x 16 at batch 16). Batch 64 measures a window: the 64
+decode steps after the first 64 prompts' prefill, with 128 prompts queued so that a
+slot whose request ends is refilled (``offline.py --window-steps 64``; run to the end,
+one wave lasts as long as its slowest request, and drafts could only add steps' cost).
 
 Workloads: spec-bench, copy-edit, long-context and short-chat (batch 1, 8 and 64 by
 default), tool-call (BFCL single-turn function calls: batch 1, 8 and 16) and agent-loop
@@ -75,6 +77,9 @@ ABLATIONS = ["echo-tree"]
 # through the window.
 COLD_START = dict(batch=16, prompts=16, max_tokens=256, window_steps=64,
                   methods=["none", "echo"])
+# Batch 64 (and above): the decode steps measured after the first wave's prefill, and
+# prompts queued per slot (a full batch through the window).
+LOADED = dict(min_batch=64, window_steps=64, prompts_per_slot=2)
 CELL_KINDS = ["batch", "cold-start"]
 SMOKE = dict(workloads=["copy-edit"], batch_sizes=[1], dtypes=["float32"], repeats=1,
              prompts=2, max_tokens=16, methods=["none", "ngram", "echo"], cells=["batch"])
@@ -87,11 +92,13 @@ def cell_folder(out: Path, workload: str, dtype: str, batch: int, kind: str) -> 
 
 
 def prompts_for(workload: str, batch: int, prompts: int) -> int:
-    """Batch 1 and 64: one wave (``prompts`` at batch 1, at least the workload's
-    fewest); other sizes: steady, 4 x b."""
+    """Batch 1: one wave (``prompts``, at least the workload's fewest); batch 64: a
+    window's queue (LOADED); other sizes: steady, 4 x b."""
     if batch == 1:
         return max(prompts, WORKLOADS[workload][1])
-    return batch if batch >= 64 else 4 * batch
+    if batch >= LOADED["min_batch"]:
+        return LOADED["prompts_per_slot"] * batch
+    return 4 * batch
 
 
 def targets(batch: int, workload: str, kind: str = "batch") -> list[tuple[str, str, float]]:
@@ -140,6 +147,8 @@ def run_cell(args, workload: str, dtype: str, batch: int, out: Path) -> dict:
             "--reference", "echo", "--out", str(out), "--methods", *methods,
             *WORKLOAD_ARGS.get(workload, [])]
     offline.main(argv + (["--interleave"] if batch == 1 else [])
+                 + (["--window-steps", str(LOADED["window_steps"])]
+                    if batch >= LOADED["min_batch"] else [])
                  + (["--eager"] if args.eager else []))
     return json.loads((out / "results.json").read_text(encoding="utf-8"))
 

@@ -168,7 +168,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "learn during the measured run)")
     p.add_argument("--window-steps", type=int, default=None, metavar="N",
                    help="measure a fixed number of decode steps: the N engine steps after "
-                        "the first (the first prompts' prefill), then stop; throughput is "
+                        "the first batch-size prompts' prefill, then stop; throughput is "
                         "those steps' tokens over their time, identity is checked on the "
                         "tokens both runs emitted")
     p.add_argument("--interleave", action="store_true",

@@ -8,8 +8,10 @@ never measured, unless the job says ``"warmup": false`` (offline.py ``--no-warmu
 a cold start, e.g. matrix.py's cold-start cell).
 
 With ``"window_steps": N`` (offline.py ``--window-steps``) the worker stops after the
-first engine step and N more, aborting unfinished requests, and its throughput is the
-tokens those N steps emitted over their time: a fixed number of decode steps, however
+first wave's prefill (the engine steps until the first ``batch_size`` prompts have each
+emitted a token: one step at batch 16, several chunked-prefill steps at batch 64) and N
+more steps, aborting unfinished requests, and its throughput is the tokens those N
+steps emitted over their time: a fixed number of decode steps at a full batch, however
 many tokens each method got from them.
 
 The engine runs in vLLM's default mode (compiled: torch.compile, and CUDA graphs on a
@@ -223,12 +225,13 @@ def _watch_scheduler(engine) -> dict | None:
 
 
 def _generate_stepwise(llm, prompts: list[list[int]], params, first_id: int = 0,
-                       window_steps: int | None = None) -> dict:
+                       window_steps: int | None = None, wave: int = 1) -> dict:
     """Submit all prompts, drive the engine step by step, log who got tokens when.
 
-    ``window_steps``: stop after the first engine step (the first prompts' prefill) and
-    that many more, aborting what is unfinished; the result's ``window`` has the tokens
-    those steps emitted and their time."""
+    ``window_steps``: stop after the first wave's prefill (the steps until the first
+    ``wave`` prompts have each emitted a token) and that many more, aborting what is
+    unfinished; the result's ``window`` has the tokens those steps emitted and their
+    time."""
     engine = llm.llm_engine
     ids = [f"bench-{first_id + i}" for i in range(len(prompts))]
     tokens: dict[str, list[int]] = {rid: [] for rid in ids}
@@ -241,8 +244,10 @@ def _generate_stepwise(llm, prompts: list[list[int]], params, first_id: int = 0,
     for rid, prompt in zip(ids, prompts):
         engine.add_request(rid, {"prompt_token_ids": prompt}, params)
     # per window step: [tokens it verified, ms, tokens it emitted] (hiccups show here)
-    window = ({"steps": 0, "seconds": 0.0, "emitted": 0, "per_step": []} if window_steps
-              else None)
+    window = ({"steps": 0, "seconds": 0.0, "emitted": 0, "per_step": [], "prefill_steps": 0}
+              if window_steps else None)
+    # the first wave: requests that must have a token before the window opens
+    waiting = set(ids[:max(1, min(wave, len(ids)))])
     while engine.has_unfinished_requests():
         if window and window["steps"] == window_steps:
             engine.abort_request(ids)
@@ -253,9 +258,11 @@ def _generate_stepwise(llm, prompts: list[list[int]], params, first_id: int = 0,
         step_seconds += seconds
         steps += 1
         emitted = live = 0
+        opened = not waiting
         for out in outputs:
             new = out.outputs[0].token_ids
             if new:
+                waiting.discard(out.request_id)
                 tokens[out.request_id].extend(new)
                 forwards[out.request_id] += 1
                 emitted += len(new)
@@ -264,6 +271,8 @@ def _generate_stepwise(llm, prompts: list[list[int]], params, first_id: int = 0,
             sizes.add(scheduled["tokens"], seconds, emitted, live)
         if first_step is None:
             first_step = {"seconds": seconds, "emitted": emitted}
+        if window and not opened:
+            window["prefill_steps"] += 1
         elif window:
             window["steps"] += 1
             window["seconds"] += seconds
@@ -340,7 +349,7 @@ def _generate_all(llm, job: dict, params, tokenizer=None) -> dict:
         return _generate_conversations(llm, tokenizer, job["conversations"], params,
                                        job["batch_size"], job["max_model_len"])
     return _generate_stepwise(llm, job["prompt_ids"], params,
-                              window_steps=job.get("window_steps"))
+                              window_steps=job.get("window_steps"), wave=job["batch_size"])
 
 
 def _generate_on_request(llm, job: dict, params, tokenizer=None) -> dict:

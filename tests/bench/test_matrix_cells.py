@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """matrix.py's cells without engines (offline.py stubbed): the cold-start cell runs
 fresh engines without warm-up, batch 16, the first 64 decode steps of 16 prompts x 256
-tokens, none against echo, and reports echo / none per round; the new workloads pass their own offline.py options."""
+tokens, none against echo, and reports echo / none per round; the batch-64 cell measures
+64 decode steps at a full batch; the new workloads pass their own offline.py options."""
 
 from __future__ import annotations
 
@@ -73,3 +74,13 @@ def test_new_workloads_run_their_batch_sizes(tmp_path: Path, calls: list) -> Non
         ("tool-call", 16, "batch", "eager"), ("agent-loop", 1, "batch", "eager")]
     assert [t["target"] for t in cells[2]["targets"]] == [
         "echo >= none at batch 16, steady", "echo >= best at batch 16, steady"]
+
+
+def test_batch_64_cell_measures_a_window_at_a_full_batch(tmp_path: Path, calls: list) -> None:
+    matrix.main(["--workloads", "spec-bench", "--dtypes", "float32", "--batch-sizes", "8",
+                 "64", "--cells", "batch", "--repeats", "1", "--out", str(tmp_path)])
+    (_, steady), (_, loaded) = calls
+    assert steady.batch_sizes == [8] and steady.num_prompts == 32 and not steady.window_steps
+    # two prompts per slot: a slot whose request ends inside the window is refilled
+    assert loaded.batch_sizes == [64] and loaded.num_prompts == 128
+    assert loaded.window_steps == 64 and not loaded.no_warmup and not loaded.interleave
