@@ -414,7 +414,7 @@ ECHO_VARIANTS = {f"echo chain (capacity {CPU_ECHO_CAPACITY})": False,
 ECHO_RUNS = {"echo": {}, "echo, no start-up curve": {"startup": False},
              "echo, other mode": {"other_mode": True}}
 # --ablations: ECHO with a mechanism switched off (EchoTuning fields).
-ECHO_ABLATIONS = {"echo, no match-length buckets": {"tuning": {"match_split": 0}},
+ECHO_ABLATIONS = {"echo, no match-length buckets": {"tuning": {"match_edges": (1,)}},
                   "echo, no outlier band": {"tuning": {"outlier_band": 0.0}},
                   "echo, no probe": {"tuning": {"probe_after": 1 << 30}},
                   "echo, no start-up curve, no probe": {"startup": False,

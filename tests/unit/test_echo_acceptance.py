@@ -20,7 +20,7 @@ def _forest(tokens, parents, match_len=None, rank=None, head_logp=()):
 
 def test_probabilities_are_products_of_the_prior_rates_along_paths():
     model = AcceptanceModel(EchoTuning(retrieved_prior=(1, 1), head_prior=(1, 9),
-                                       match_split=0))
+                                       match_edges=(1,)))
     # retrieved chain 5-6-7 under the root; a head (rank 1) with a retrieved child
     forest = _forest([5, 6, 7, 8, 9], [-1, 0, 1, -1, 3], rank=[-1, -1, -1, 1, -1],
                      match_len=[3, 3, 3, 0, 3], head_logp=[-0.1, -1.0])
@@ -28,14 +28,15 @@ def test_probabilities_are_products_of_the_prior_rates_along_paths():
 
 
 def test_buckets_by_depth_match_length_and_head_probability():
-    model = AcceptanceModel(EchoTuning(depth_edges=(1, 2, 4), match_split=4,
+    model = AcceptanceModel(EchoTuning(depth_edges=(1, 2, 4), match_edges=(1, 3, 8),
                                        head_p_edges=(0.3, 0.1)))
-    parents = np.array([-1, 0, 1, 2, -1, -1, -1, -1])
-    match_len = np.array([2, 2, 5, 5, 8, 0, 0, 0])
-    rank = np.array([-1, -1, -1, -1, -1, 0, 1, 2])
+    parents = np.array([-1, 0, 1, 2, -1, -1, -1, -1, -1])
+    match_len = np.array([2, 2, 5, 5, 8, 1, 0, 0, 0])
+    rank = np.array([-1, -1, -1, -1, -1, -1, 0, 1, 2])
     logp = np.log([0.5, 0.2, 0.01])
-    # retrieved: depth bucket (1 | 2-3 | 4+) x (m <= 4 | m > 4); heads after them
-    assert model.buckets(parents, match_len, rank, logp).tolist() == [0, 2, 3, 5, 1, 6, 7, 8]
+    # retrieved: depth bucket (1 | 2-3 | 4+) x match class (m 1-2 | 3-7 | 8+); heads after
+    assert model.buckets(parents, match_len, rank, logp).tolist() == [
+        0, 3, 4, 7, 2, 0, 9, 10, 11]
 
 
 def test_labels_count_only_verified_nodes_whose_parent_was_accepted():
@@ -59,7 +60,7 @@ def test_labels_count_only_verified_nodes_whose_parent_was_accepted():
 
 
 def test_beta_posterior_counts_uncensored_trials():
-    tuning = EchoTuning(retrieved_prior=(1, 1), match_split=0, depth_edges=(1, 2, 3, 4),
+    tuning = EchoTuning(retrieved_prior=(1, 1), match_edges=(1,), depth_edges=(1, 2, 3, 4),
                         **EXACT)
     planner = EchoPlanner(tuning, trees=True, k_max=2)  # verifies the 2 best nodes
     # root -> 5 -> 6 -> 7 -> 8 (one retrieved chain, depths 1..4)

@@ -14,7 +14,7 @@ STRONG = 10**7  # prior strength that pins a rate whatever is observed
 
 def _tuning(retrieved=0.9, head=0.1, **kwargs):
     return EchoTuning(retrieved_prior=(retrieved * STRONG, (1 - retrieved) * STRONG),
-                      head_prior=(head * STRONG, (1 - head) * STRONG), match_split=0,
+                      head_prior=(head * STRONG, (1 - head) * STRONG), match_edges=(1,),
                       **kwargs)
 
 
@@ -146,7 +146,7 @@ def test_probe_after_steps_without_a_draft():
 def test_low_rates_recover_through_probes():
     """Rates pushed below break-even by early rejections come back once probes see
     acceptances (the probe is the only way: no step drafts otherwise)."""
-    planner = EchoPlanner(EchoTuning(probe_after=4, probe_nodes=1, match_split=0))
+    planner = EchoPlanner(EchoTuning(probe_after=4, probe_nodes=1, match_edges=(1,)))
     _linear(planner, 1.0, 0.3)  # break-even at one request: 0.3 / 1.3 = 0.23
     for _ in range(20):  # early drafts are all rejected
         planner.acceptance.observe(np.array([0]), np.array([True]), np.array([False]))
@@ -162,7 +162,7 @@ def test_low_rates_recover_through_probes():
 
 
 def test_observe_learns_and_snapshot_is_json():
-    planner = EchoPlanner(EchoTuning(match_split=0))
+    planner = EchoPlanner(EchoTuning(match_edges=(1,)))
     _linear(planner, 1.0, 0.0)
     before = planner.acceptance.rates.copy()
     _, (plan,) = planner.plan([_chain([1, 2, 3])], 8, 1)

@@ -5,8 +5,8 @@ A candidate node's P(accepted) is the product, along its path from the root, of
 conditional acceptance rates: the rate at which such a node is accepted once its parent
 was. Rates are Beta posteriors per bucket:
 
-- "retrieved" (an m-gram continuation), by depth bucket (and, with
-  ``EchoTuning.match_split``, short or long match);
+- "retrieved" (an m-gram continuation), by depth bucket and match-length class
+  (``EchoTuning.match_edges``: a 1-gram guess and a copied passage differ);
 - "head" (a next-next candidate from the target's top-k), by its last-logit
   probability bucket;
 - "shared" (other requests' outputs) and "recycled" (the recycled-candidates table),
@@ -78,7 +78,8 @@ class AcceptanceModel:
     def __init__(self, tuning: EchoTuning | None = None):
         tune = self.tuning = tuning or EchoTuning()
         self._depth_edges = np.asarray(tune.depth_edges, dtype=np.int64)
-        self._lengths = 2 if tune.match_split else 1
+        self._match_edges = np.asarray(tune.match_edges, dtype=np.int64)
+        self._lengths = self._match_edges.size
         self.num_retrieved = self._depth_edges.size * self._lengths
         self._head_edges = -np.asarray(tune.head_p_edges, dtype=np.float64)  # ascending
         self.num_heads = self._head_edges.size + 1
@@ -122,7 +123,8 @@ class AcceptanceModel:
         depth_bucket = np.searchsorted(self._depth_edges, depth, side="right") - 1
         out = depth_bucket
         if self._lengths > 1:
-            out = out * 2 + (match_len > self.tuning.match_split)
+            length_class = np.searchsorted(self._match_edges, match_len, side="right") - 1
+            out = out * self._lengths + np.maximum(length_class, 0)
         if origin is not None and origin.any():
             other = origin > 0
             out[other] = (self._other_start + (origin[other].astype(np.int64) - 1)
@@ -172,7 +174,7 @@ class AcceptanceModel:
         self.rates = self._posterior()
 
     def table(self) -> dict[str, list[float]]:
-        """Current rates (JSON-able): retrieved by depth bucket (x match length), heads
+        """Current rates (JSON-able): retrieved by depth bucket (x match-length class), heads
         by probability bucket, shared and recycled by depth bucket."""
         retrieved = self.rates[:self.num_retrieved].reshape(-1, self._lengths)
         depths, start = self._depth_edges.size, self._other_start

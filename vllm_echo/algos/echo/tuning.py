@@ -21,8 +21,9 @@ class EchoTuning:
     recycled_prior: tuple[float, float] = (0.5, 1.5)
     # Lower edges of retrieved tokens' depth buckets: finer tells depths apart, coarser pools.
     depth_edges: tuple[int, ...] = (1, 2, 3, 4, 6, 9, 14)
-    # Matches longer than this get their own buckets (0: none): separates copied passages.
-    match_split: int = 4
+    # Lower edges of retrieved tokens' match-length classes (the m of the lookup): finer
+    # tells 1-gram guesses from copied passages, coarser pools. (1,): no classes.
+    match_edges: tuple[int, ...] = (1, 2, 3, 5, 8)
     # Lower edges of a head's last-logit probability buckets, high to low (finer vs pooled).
     head_p_edges: tuple[float, ...] = (0.3, 0.1, 0.03, 0.01, 0.003)
     # Per-step decay of the Beta counts: nearer 1 is steadier, lower follows workloads faster.
