@@ -12,7 +12,9 @@ its own (rounds rotate the order):
   loaded engine runs when verification costs too much);
 - ``echo-work``: ``echo`` whose planner plans every step in full (the target's top-k
   read, every request's forest built and pooled, the rule run) and then verifies no
-  node: all the drafting work, none of the verification.
+  node: all the drafting work, none of the verification;
+- ``echo``: ``echo`` as users run it, drafting (``--configs none echo``: what a step
+  that verifies drafts costs beyond its tokens, part by part).
 
 Each engine runs in its own process with vLLM's engine core in that process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the runner's methods can be timed: vLLM's own
@@ -39,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common  # noqa: E402
 
 CONFIGS = {"none": None, "echo-idle": {"method": "echo"},
-           "echo-work": {"method": "echo"}}
+           "echo-work": {"method": "echo"}, "echo": {"method": "echo"}}
 PARTS = ("step", "prepare_vllm", "prepare_hook", "sample_vllm", "sample_hook", "topk",
          "propose")
 
@@ -175,7 +177,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--eager", action="store_true", help="vLLM's enforce_eager (no torch.compile)")
-    ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    ap.add_argument("--configs", nargs="+", default=["none", "echo-idle", "echo-work"],
+                    choices=list(CONFIGS))
     ap.add_argument("--out", type=Path, help="JSON file for every run's numbers")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--smoke", action="store_true",
