@@ -164,3 +164,15 @@ def test_chain_curve_smoke(tmp_path: Path) -> None:
     curve = json.loads(out.read_text())["curve"]
     assert [c["drafts"] for c in curve] == [0, 2]
     assert curve[0]["over_no_drafts"] == 1.0 and curve[1]["step_ms"] > 0
+
+
+def test_recycled_bound_smoke(tmp_path: Path) -> None:
+    out = tmp_path / "bound.json"
+    run_smoke("recycled_bound.py", "--json", str(out), timeout=300)
+    report = json.loads(out.read_text())
+    assert report["requests"] == 4
+    own, *trees = report["results"]
+    assert own["recycled_tree_widths"] is None and own["over_own_chain"] == 1.0
+    assert [t["recycled_tree_widths"] for t in trees] == [[1], [2, 1]]
+    # the tree is verified besides the chain: never fewer tokens per forward
+    assert all(t["tokens_per_forward"] >= own["tokens_per_forward"] for t in trees)
