@@ -14,7 +14,8 @@ then the other half is replayed at batch 1, and the halves swap.
 
 Every step verifies the request's own retrieved chain (ECHO's m-gram index, its first
 ``--chain`` tokens) and, in the "with the recycled tree" rows, also the recycled tree
-under the root, and emits the longer accepted path + 1. The table learns from every
+under the same root, verified with the chain as one tree (simulate.py's greedy
+verification), and emits the accepted path + 1. The table learns from every
 emitted position's top-k, more than the engine does (one row per request and step).
 Verifying the tree every step is the cost side of the bound; its token side is the
 tokens per forward, which no gate can raise. The modelled speed uses simulate.py's
@@ -34,25 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import simulate  # noqa: E402
 
 from vllm_echo.algos.recycled import RecycledTable  # noqa: E402
+from vllm_echo.algos.verify import verify_greedy  # noqa: E402
 from vllm_echo.config import ECHO_MAX_NGRAM  # noqa: E402
 
 TABLE_K = 8  # candidates kept per token, as the engine's table
-
-
-def _accepted_chain(chain: np.ndarray, truth: np.ndarray) -> int:
-    n = min(len(chain), len(truth))
-    miss = np.flatnonzero(chain[:n] != truth[:n])
-    return int(miss[0]) if miss.size else n
-
-
-def _accepted_tree(tokens: np.ndarray, parents: np.ndarray, truth: np.ndarray) -> int:
-    depth, node = 0, -1
-    while depth < len(truth):
-        children = np.flatnonzero((parents == node) & (tokens == truth[depth]))
-        if not children.size:
-            return depth
-        node, depth = int(children[0]), depth + 1
-    return depth
 
 
 def _learn(table: RecycledTable, row: dict, positions: range) -> None:
@@ -78,14 +64,16 @@ def replay_half(warm: list[dict], rows: list[dict], vocab: int, widths: tuple[in
         tokens, forwards, time = tokens + 1, forwards + 1, time + 1.0  # the prefill
         t = 1
         while t < len(out):
-            truth = out[t:]
             index = state.index_at(t - 1)
-            chain = index.lookup(state.full[:state.prompt_len + t][-ECHO_MAX_NGRAM:])[:chain_len]
-            accepted, verified = _accepted_chain(chain, truth), len(chain)
-            if with_tree:
-                tree, parents = table.draft(int(out[t - 1]), widths, 64)
-                accepted = max(accepted, _accepted_tree(tree, parents, truth))
-                verified += len(tree)
+            draft = index.lookup(state.full[:state.prompt_len + t][-ECHO_MAX_NGRAM:])[:chain_len]
+            parents = np.arange(-1, len(draft) - 1, dtype=np.int32)
+            if with_tree:  # the tree beside the chain, under the same root
+                tree, tree_parents = table.draft(int(out[t - 1]), widths, 64)
+                parents = np.concatenate((parents, np.where(tree_parents >= 0,
+                                                            tree_parents + len(draft), -1)))
+                draft = np.concatenate((draft, tree))
+            path, _ = verify_greedy(draft, parents, state.target_argmax(t - 1, draft, parents))
+            accepted, verified = len(path), len(draft)
             emitted = min(accepted + 1, len(out) - t)
             _learn(table, row, range(t, t + emitted))
             tokens, forwards = tokens + emitted, forwards + 1
