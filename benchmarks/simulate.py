@@ -374,7 +374,7 @@ class EchoDrafter:
             if plan is not None and len(path) + 1 == n:  # not cut by the end of the output
                 observed.append((plan, path, int(state.full[state.prompt_len + pos + n])))
         self.planner.observe(observed)
-        self.planner.cost.observe(num_tokens, seconds)
+        self.planner.cost.observe(num_tokens, seconds, num_tokens > len(states))
         self.steps += 1
         self.tree_steps += num_trees > 0
 

@@ -25,17 +25,17 @@ def clock(monkeypatch):
 def test_cycle_runs_to_the_next_prepared_step(clock):
     seen = []
     timer = StepTimer(lambda *sample: seen.append(sample))
-    timer.started(5)                   # step 1 prepared at t = 0
+    timer.started(5, True)             # step 1 prepared at t = 0, with drafts
     clock.now = 0.030
     timer.stopped()                    # its propose ends at 30 ms
     clock.now = 0.040
     timer.started(1)                   # step 2 prepared: step 1 took 40 ms in all
-    assert seen == [(5, pytest.approx(0.040))]
+    assert seen == [(5, pytest.approx(0.040), True)]
     clock.now = 0.070
     timer.stopped()
     clock.now = 0.075
     timer.skip()                       # a prefill step also closes step 2's cycle
-    assert seen[-1] == (1, pytest.approx(0.035))  # 40 to 75 ms
+    assert seen[-1] == (1, pytest.approx(0.035), False)  # 40 to 75 ms
     clock.now = 0.200
     timer.stopped()                    # nothing started: nothing to time
     timer.started(3)
@@ -44,7 +44,7 @@ def test_cycle_runs_to_the_next_prepared_step(clock):
     timer.stopped()
     clock.now = 0.240
     timer.started(3)
-    assert seen[-1] == (3, pytest.approx(0.040))
+    assert seen[-1] == (3, pytest.approx(0.040), False)
 
 
 def test_an_idle_engine_is_not_counted_as_step_time(clock):

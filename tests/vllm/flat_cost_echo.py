@@ -28,7 +28,7 @@ class FlatCostEchoProposer(EchoProposer):
     def __init__(self, vllm_config: Any):
         super().__init__(vllm_config)
         self._inject_curve()
-        self._timer = StepTimer(lambda num_tokens, seconds: None)  # the curve stays
+        self._timer = StepTimer(lambda *step: None)  # the curve stays
 
     def _set_cost_curve(self, sizes, seconds, took) -> None:
         self._inject_curve()  # the start-up probe's curve is not used either

@@ -10,7 +10,8 @@ per second,
     (B + sum of p over the k nodes taken) / T(B + k),
 
 B the requests in the step and T the step-cost curve
-(:class:`~vllm_echo.algos.echo.cost.StepCost`). That is the budget and the gate in
+(:class:`~vllm_echo.algos.echo.cost.StepCost`; with k > 0 it includes what a step
+with drafts costs beyond its tokens). That is the budget and the gate in
 one: where verification is nearly free it admits most candidates, where every verified
 token costs compute only the nodes likely enough to pay for themselves, down to none.
 
@@ -137,7 +138,7 @@ class EchoPlanner:
         below it the rule takes nothing."""
         b = num_requests
         k = np.arange(1, _MAX_BREAK_EVEN_DRAFTS * b + 1)
-        times = self.cost.time(np.concatenate(([b], b + k)))
+        times = self.cost.step_times(b, k.size)
         return float(np.min(b * (times[1:] / times[0] - 1.0) / k))
 
     def plan(self, candidates: list[Candidates | None], max_drafts: int, num_requests: int
@@ -196,7 +197,7 @@ class EchoPlanner:
         if self.k_max is not None:
             return seq[:self.k_max]
         gains = num_requests + np.concatenate(([0.0], np.cumsum(pool.probs[seq])))
-        rates = gains / self.cost.time(num_requests + np.arange(seq.size + 1))
+        rates = gains / self.cost.step_times(num_requests, seq.size)
         k = int(np.argmax(rates))  # the first best: the smallest such prefix
         if k == 0 and self._probing:
             k = min(self.tuning.probe_nodes, seq.size)

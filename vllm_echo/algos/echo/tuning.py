@@ -46,6 +46,10 @@ class EchoTuning:
     prior_token_cost: float = 0.03
     # Weight (squared tokens) of the base curve's slope against timed sizes' spread: trust vs data.
     prior_slope_weight: float = 64.0
+    # Weight (in steps) of "a drafted step costs nothing beyond its tokens" against timed
+    # plain and drafted steps: higher trusts the start-up curve longer, lower reacts to
+    # a few plain steps.
+    drafted_prior_steps: float = 0.5
 
     # -- the one exploration device --
     # Steps in a row without a draft before one drafts anyway: recovery speed vs wasted steps.

@@ -76,7 +76,7 @@ def _time_step(timer: Any, scheduler_output: Any) -> None:
     # tokens) would decide the fit and price a draft token at the prompt's rate,
     # far below what a few drafts really add to a decode step.
     if total == len(scheduler_output.num_scheduled_tokens) + num_drafts:
-        timer.started(int(total))
+        timer.started(int(total), num_drafts > 0)
     else:
         timer.skip()
 

@@ -16,19 +16,19 @@ class StepTimer:
     forward alone put a step at 76-80 ms, against about 120 ms of wall time per decode
     step). A cycle whose gap after ``propose`` is over
     ``max_gap_ratio`` times the step's own work is dropped: the engine was idle (no
-    requests), not working. Fed to ``sink(num_tokens, seconds)``.
+    requests), not working. Fed to ``sink(num_tokens, seconds, drafted)``.
     """
 
-    def __init__(self, sink: Callable[[int, float], None], max_gap_ratio: float = 3.0):
+    def __init__(self, sink: Callable[[int, float, bool], None], max_gap_ratio: float = 3.0):
         self.sink = sink
         self.max_gap_ratio = max_gap_ratio
-        self._start: tuple[int, float] | None = None
+        self._start: tuple[int, bool, float] | None = None
         self._stopped_at: float | None = None  # end of the started step's propose
 
-    def started(self, num_tokens: int) -> None:
+    def started(self, num_tokens: int, drafted: bool = False) -> None:
         now = time.perf_counter()
         self._close(now)
-        self._start = (num_tokens, now)
+        self._start = (num_tokens, drafted, now)
 
     def skip(self) -> None:
         """A step that is not timed (it prefills) ends the previous one's cycle."""
@@ -44,7 +44,7 @@ class StepTimer:
         self._start = self._stopped_at = None
         if start is None or stopped_at is None:
             return
-        num_tokens, t0 = start
+        num_tokens, drafted, t0 = start
         if now - stopped_at <= self.max_gap_ratio * (stopped_at - t0):
-            self.sink(num_tokens, now - t0)
+            self.sink(num_tokens, now - t0, drafted)
 
