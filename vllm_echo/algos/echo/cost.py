@@ -12,9 +12,11 @@ plus ``f`` when it verifies any draft (:attr:`StepCost.drafted_extra`),
   ``EchoTuning.prior_token_cost`` of the first timed step's time per token);
 - ``a + b n (+ f)``: what the timed steps add to it, fitted by exponentially weighted
   least squares (the slope pulled toward 0 until the steps have spread over enough
-  sizes, ``f`` toward 0 until both plain and drafted steps were timed). ``f`` is what
-  verifying drafts costs beyond their tokens: vLLM's speculative path for the whole
-  batch (on the 2-core CPU at batch 64, about 25 ms of a 170 ms step with a few drafts).
+  sizes; ``f`` toward ``EchoTuning.drafted_share`` of the mean step time until both
+  plain and drafted steps were timed). ``f`` is what verifying drafts costs beyond
+  their tokens, vLLM's speculative path for the whole batch: on the 2-core CPU a step
+  with a few drafts took 10-15% longer than a plain one at batch 1 and at batch 64,
+  which the start-up curve (plain dummy forwards) does not show.
   It is what a dummy forward does not show (sampling, scheduling, attention over long
   contexts) and the machine's drift, and it applies at every size, timed or not: the
   rule compares a plain step with drafted ones, and when every step drafts about as
@@ -62,6 +64,7 @@ class StepCost:
         # decayed normal equations of r = a + b n + f d (r = t - base(n), d: drafted)
         self._gram = np.zeros((3, 3))
         self._moments = np.zeros(3)
+        self._time_sum = 0.0  # decayed sum of step times (f's prior is a share of their mean)
         self._prior_slope: float | None = None
         self._table: np.ndarray | None = None
 
@@ -106,9 +109,14 @@ class StepCost:
         keep = 1.0 - tune.overhead_rate
         self._gram = keep * self._gram + np.outer(x, x)
         self._moments = keep * self._moments + x * residual
-        # ridge: the slope toward 0 (prior_slope_weight), f toward 0 (drafted_prior_steps)
+        self._time_sum = keep * self._time_sum + t
+        # ridge: the slope toward 0 (prior_slope_weight), f toward its prior share of the
+        # mean step (drafted_prior_steps): with only drafted steps timed, a and f cannot
+        # be told apart and the prior splits them.
+        f_prior = tune.drafted_share * self._time_sum / self._gram[0, 0]
         gram = self._gram + np.diag([0.0, tune.prior_slope_weight, tune.drafted_prior_steps])
-        a, b, f = np.linalg.solve(gram, self._moments)
+        moments = self._moments + np.array([0.0, 0.0, tune.drafted_prior_steps * f_prior])
+        a, b, f = np.linalg.solve(gram, moments)
         self._line, self.drafted_extra = (a, b), max(f, 0.0)
         i = int(np.searchsorted(self._edges, n))
         keep = 1.0 - tune.bucket_rate
@@ -125,7 +133,8 @@ class StepCost:
     def step_times(self, num_requests: int, max_drafts: int) -> np.ndarray:
         """Modelled seconds of a step of ``num_requests`` with 0..max_drafts drafts."""
         times = self.time(num_requests + np.arange(max_drafts + 1))
-        times[1:] += self.drafted_extra
+        # before any timed step: the prior share of the plain step
+        times[1:] += self.drafted_extra if self.steps else self.tuning.drafted_share * times[0]
         return times
 
     def time(self, num_tokens) -> np.ndarray:

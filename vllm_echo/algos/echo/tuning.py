@@ -46,10 +46,13 @@ class EchoTuning:
     prior_token_cost: float = 0.03
     # Weight (squared tokens) of the base curve's slope against timed sizes' spread: trust vs data.
     prior_slope_weight: float = 64.0
-    # Weight (in steps) of "a drafted step costs nothing beyond its tokens" against timed
-    # plain and drafted steps: higher trusts the start-up curve longer, lower reacts to
-    # a few plain steps.
-    drafted_prior_steps: float = 0.5
+    # Prior of what a step with drafts costs beyond its tokens, as a share of a step's
+    # time (vLLM's speculative path; the start-up curve times plain forwards): higher
+    # drafts only surer nodes until plain and drafted steps are both timed.
+    drafted_share: float = 0.05
+    # Weight (in steps) of that prior against timed plain and drafted steps: higher
+    # trusts it longer, lower follows a few plain steps.
+    drafted_prior_steps: float = 1.0
 
     # -- the one exploration device --
     # Steps in a row without a draft before one drafts anyway: recovery speed vs wasted steps.
