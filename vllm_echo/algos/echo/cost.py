@@ -5,18 +5,19 @@ A step verifies ``n`` tokens: one per request plus its draft tokens. Its time is
 
     T(n) = base(n) + (a + b n) + correction(n), forced non-decreasing in n,
 
-plus ``f`` when it verifies any draft (:attr:`StepCost.drafted_extra`),
+and a step that verifies any draft costs ``EchoTuning.drafted_share`` of a plain step
+more (:meth:`StepCost.step_times`): vLLM's speculative path for the whole batch, which
+the start-up curve (plain dummy forwards) does not show. On the 2-core CPU such a step
+took 10-15% longer than a plain step of the same engine at batch 1 (2-4 drafts) and at
+batch 64 (a few drafts). It is a prior, not fitted: where every step drafts (batch 1)
+it cannot be told from ``a``, and where few do, two drafted steps in a slow stretch
+(the first steps after a prefill) were enough to price drafting out at batch 64.
 
 - ``base``: the curve measured at start-up (:meth:`StepCost.set_curve`: dummy forwards
   at several sizes); without one, a prior line through the origin (a token costs
   ``EchoTuning.prior_token_cost`` of the first timed step's time per token);
-- ``a + b n (+ f)``: what the timed steps add to it, fitted by exponentially weighted
-  least squares (the slope pulled toward 0 until the steps have spread over enough
-  sizes; ``f`` toward ``EchoTuning.drafted_share`` of the mean step time until both
-  plain and drafted steps were timed). ``f`` is what verifying drafts costs beyond
-  their tokens, vLLM's speculative path for the whole batch: on the 2-core CPU a step
-  with a few drafts took 10-15% longer than a plain one at batch 1 and at batch 64,
-  which the start-up curve (plain dummy forwards) does not show.
+- ``a + b n``: what the timed steps add to it, fitted by exponentially weighted least
+  squares (the slope pulled toward 0 until the steps have spread over enough sizes).
   It is what a dummy forward does not show (sampling, scheduling, attention over long
   contexts) and the machine's drift, and it applies at every size, timed or not: the
   rule compares a plain step with drafted ones, and when every step drafts about as
@@ -58,13 +59,9 @@ class StepCost:
     def _reset(self) -> None:
         self.steps = 0
         self._line = (0.0, 0.0)  # (a, b)
-        self.drafted_extra = 0.0  # f: a drafted step's extra time (s), >= 0
         self._sums = np.zeros(self.knots.size)  # decayed residual sums per bucket
         self._weights = np.zeros(self.knots.size)  # decayed step counts per bucket
-        # decayed normal equations of r = a + b n + f d (r = t - base(n), d: drafted)
-        self._gram = np.zeros((3, 3))
-        self._moments = np.zeros(3)
-        self._time_sum = 0.0  # decayed sum of step times (f's prior is a share of their mean)
+        self._fit = np.zeros(5)  # decayed sums of 1, n, r, n^2, n r (r = t - base(n))
         self._prior_slope: float | None = None
         self._table: np.ndarray | None = None
 
@@ -89,52 +86,43 @@ class StepCost:
 
     def observe(self, num_tokens: int, seconds: float, drafted: bool = False) -> None:
         """One timed decode step of ``num_tokens`` verified tokens (``drafted``: some
-        of them were drafts)."""
+        were drafts; the curve learns its time as a plain step's)."""
         if num_tokens <= 0 or not seconds > 0:
             return
         tune = self.tuning
-        n, t, d = float(num_tokens), float(seconds), float(drafted)
+        n, t = float(num_tokens), float(seconds) / (1.0 + tune.drafted_share * drafted)
         if self.steps and tune.outlier_band and self._curve is not None:
             # A hiccup (a slow first call, the VM pausing) counts at most this far from
             # the model: a few slow steps at one size cannot tilt the whole curve.
             # (Without a measured curve the model is a guess: steps teach it freely.)
-            modelled = float(self.time(np.array([n]))[0]) + d * self.drafted_extra
+            modelled = float(self.time(np.array([n]))[0])
             t = min(max(t, modelled * (1.0 - tune.outlier_band)),
                     modelled * (1.0 + tune.outlier_band))
         self.steps += 1
         if self._curve is None and self._prior_slope is None:
             self._prior_slope = tune.prior_token_cost * t / n
         residual = t - float(self._base(np.array([n]))[0])
-        x = np.array([1.0, n, d])
-        keep = 1.0 - tune.overhead_rate
-        self._gram = keep * self._gram + np.outer(x, x)
-        self._moments = keep * self._moments + x * residual
-        self._time_sum = keep * self._time_sum + t
-        # ridge: the slope toward 0 (prior_slope_weight), f toward its prior share of the
-        # mean step (drafted_prior_steps): with only drafted steps timed, a and f cannot
-        # be told apart and the prior splits them.
-        f_prior = tune.drafted_share * self._time_sum / self._gram[0, 0]
-        gram = self._gram + np.diag([0.0, tune.prior_slope_weight, tune.drafted_prior_steps])
-        moments = self._moments + np.array([0.0, 0.0, tune.drafted_prior_steps * f_prior])
-        a, b, f = np.linalg.solve(gram, moments)
-        self._line, self.drafted_extra = (a, b), max(f, 0.0)
+        self._fit = self._fit * (1.0 - tune.overhead_rate) + (1.0, n, residual, n * n,
+                                                              n * residual)
+        w, sn, sr, snn, snr = self._fit
+        b = (snr - sn * sr / w) / (max(snn - sn * sn / w, 0.0) + tune.prior_slope_weight)
+        self._line = ((sr - b * sn) / w, b)
         i = int(np.searchsorted(self._edges, n))
         keep = 1.0 - tune.bucket_rate
-        self._sums[i] = keep * self._sums[i] + residual - a - b * n - d * self.drafted_extra
+        self._sums[i] = keep * self._sums[i] + residual - self._line[0] - self._line[1] * n
         self._weights[i] = keep * self._weights[i] + 1.0
         self._table = None
 
     @property
     def overhead(self) -> float:
         """What the timed steps add to the base curve, at the mean size timed (s)."""
-        w, sn = self._gram[0, :2]
+        w, sn = self._fit[:2]
         return self._line[0] + self._line[1] * (sn / w if w else 0.0)
 
     def step_times(self, num_requests: int, max_drafts: int) -> np.ndarray:
         """Modelled seconds of a step of ``num_requests`` with 0..max_drafts drafts."""
         times = self.time(num_requests + np.arange(max_drafts + 1))
-        # before any timed step: the prior share of the plain step
-        times[1:] += self.drafted_extra if self.steps else self.tuning.drafted_share * times[0]
+        times[1:] += self.tuning.drafted_share * times[0]
         return times
 
     def time(self, num_tokens) -> np.ndarray:
@@ -172,8 +160,7 @@ class StepCost:
             f"prior {1e3 * self._prior_slope:.3f} ms/token")
         a, b = self._line
         return (f"step cost ms by tokens {curve} ({source} {1e3 * a:+.2f} ms "
-                f"{1e3 * b:+.4f} ms/token, +{1e3 * self.drafted_extra:.2f} ms a step "
-                f"with drafts, {self.steps} timed steps)")
+                f"{1e3 * b:+.4f} ms/token, {self.steps} timed steps)")
 
 
 def _interp_extrapolate(x: np.ndarray, xp: np.ndarray, fp: np.ndarray) -> np.ndarray:
