@@ -416,6 +416,9 @@ ECHO_RUNS = {"echo": {}, "echo, no start-up curve": {"startup": False},
 # --ablations: ECHO with a mechanism switched off (EchoTuning fields).
 ECHO_ABLATIONS = {"echo, no match-length buckets": {"tuning": {"match_edges": (1,)}},
                   "echo, no outlier band": {"tuning": {"outlier_band": 0.0}},
+                  # (this replay's CPU cost has no drafted-step extra, so it shows the
+                  # share's cost where there is none, not its gain)
+                  "echo, no drafted-step share": {"tuning": {"drafted_share": 0.0}},
                   "echo, no probe": {"tuning": {"probe_after": 1 << 30}},
                   "echo, no start-up curve, no probe": {"startup": False,
                                                         "tuning": {"probe_after": 1 << 30}}}
