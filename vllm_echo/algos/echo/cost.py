@@ -5,14 +5,13 @@ A step verifies ``n`` tokens: one per request plus its draft tokens. Its time is
 
     T(n) = base(n) + (a + b n) + correction(n), forced non-decreasing in n,
 
-and a step that verifies any draft costs ``EchoTuning.drafted_share`` of a one-token
-step more (:meth:`StepCost.step_times`): vLLM's speculative path, which the start-up
-curve (plain dummy forwards) does not show. On the 2-core CPU a step with 2-4 drafts
-took 6-8 ms (11-14%) longer than a plain one at batch 1. It is a prior, not fitted:
-where every step drafts (batch 1) it cannot be told from ``a``, and where few do, two
-drafted steps in a slow stretch (after a prefill) priced drafting out at batch 64. It
-is a share of a one-token step, not of the batch's: priced as 5% of a 64-request step,
-it stopped drafting that paid at batch 64 (echo 1.04x none -> 0.98x).
+and a step that verifies any draft costs ``EchoTuning.drafted_share`` of a plain step
+more (:meth:`StepCost.step_times`): vLLM's speculative path for the whole batch, which
+the start-up curve (plain dummy forwards) does not show. On the 2-core CPU such a step
+took 10-15% longer than a plain step of the same engine at batch 1 (2-4 drafts) and at
+batch 64 (a few drafts). It is a prior, not fitted: where every step drafts (batch 1)
+it cannot be told from ``a``, and where few do, two drafted steps in a slow stretch
+(the first steps after a prefill) were enough to price drafting out at batch 64.
 
 - ``base``: the curve measured at start-up (:meth:`StepCost.set_curve`: dummy forwards
   at several sizes); without one, a prior line through the origin (a token costs
@@ -91,9 +90,7 @@ class StepCost:
         if num_tokens <= 0 or not seconds > 0:
             return
         tune = self.tuning
-        n, t = float(num_tokens), float(seconds)
-        if drafted and self.ready:
-            t -= self.drafted_extra  # learned as a plain step's time
+        n, t = float(num_tokens), float(seconds) / (1.0 + tune.drafted_share * drafted)
         if self.steps and tune.outlier_band and self._curve is not None:
             # A hiccup (a slow first call, the VM pausing) counts at most this far from
             # the model: a few slow steps at one size cannot tilt the whole curve.
@@ -125,13 +122,8 @@ class StepCost:
     def step_times(self, num_requests: int, max_drafts: int) -> np.ndarray:
         """Modelled seconds of a step of ``num_requests`` with 0..max_drafts drafts."""
         times = self.time(num_requests + np.arange(max_drafts + 1))
-        times[1:] += self.drafted_extra
+        times[1:] += self.tuning.drafted_share * times[0]
         return times
-
-    @property
-    def drafted_extra(self) -> float:
-        """What a step with drafts costs beyond its tokens (s)."""
-        return self.tuning.drafted_share * float(self.time(np.array([1.0]))[0])
 
     def time(self, num_tokens) -> np.ndarray:
         """Modelled seconds of steps of ``num_tokens`` tokens (array in, array out)."""

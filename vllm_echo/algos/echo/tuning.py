@@ -46,9 +46,9 @@ class EchoTuning:
     prior_token_cost: float = 0.03
     # Weight (squared tokens) of the base curve's slope against timed sizes' spread: trust vs data.
     prior_slope_weight: float = 64.0
-    # What a step with drafts costs beyond its tokens, as a share of a one-token step
-    # (vLLM's speculative path; 11-14% measured at batch 1 on the CPU): higher drafts
-    # only surer nodes, lower lets weak first drafts through.
+    # What a step with drafts costs beyond its tokens, as a share of a plain step
+    # (vLLM's speculative path; measured 10-15% on the CPU): higher drafts only surer
+    # nodes, lower lets weak first drafts through.
     drafted_share: float = 0.05
 
     # -- the one exploration device --
