@@ -13,8 +13,8 @@ STRONG = 10**7  # prior strength that pins a rate whatever is observed
 
 
 def _tuning(retrieved=0.9, head=0.1, **kwargs):
-    """Pinned rates; a step with drafts costs its tokens only (no prior extra) unless
-    ``drafted_share`` is given."""
+    """Pinned rates; a step with drafts costs its tokens only (no drafted-step share)
+    unless ``drafted_share`` is given."""
     kwargs.setdefault("drafted_share", 0.0)
     return EchoTuning(retrieved_prior=(retrieved * STRONG, (1 - retrieved) * STRONG),
                       head_prior=(head * STRONG, (1 - head) * STRONG), match_edges=(1,),
@@ -132,10 +132,10 @@ def test_drafting_mode_says_what_can_pay():
     assert planner.drafting_mode(4) == "none"
 
 
-def test_a_first_draft_pays_for_the_prior_extra_of_a_drafted_step():
-    """A flat curve (drafts look free) at one request: before any step is timed, a
-    step with drafts costs ``drafted_share`` more than a plain one, so a lone node is
-    drafted only if its P beats that share."""
+def test_a_first_draft_pays_for_the_drafted_step_share():
+    """A flat curve (drafts look free) at one request: a step with drafts costs
+    ``drafted_share`` of a plain step more, so a lone node is drafted only if its P
+    beats that share."""
     for p, drafted in ((0.04, False), (0.06, True)):
         planner = EchoPlanner(_tuning(p, drafted_share=0.05))
         _linear(planner, 1.0, 0.0)
