@@ -17,7 +17,7 @@ from vllm_echo.config import ADDITIONAL_CONFIG_KEY
 from vllm_echo.plugin.proposers.logitspec import worker_stats
 
 MAX_TOKENS = 48
-NUM_PROMPTS = 3
+NUM_PROMPTS = 2
 
 
 @pytest.fixture(scope="module")
