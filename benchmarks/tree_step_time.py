@@ -21,7 +21,8 @@ Usage::
         [--contexts 300 2000] [--dtype bfloat16] [--rounds 2] [--out FILE.json]
     python benchmarks/tree_step_time.py --chain-lengths 0 1 2 3 4 5 6 8 10 12 16 \
         --contexts 300 --dtype float32 --rounds 5
-    python benchmarks/tree_step_time.py --smoke --out FILE.json   # CI: C=4, batch 1, 64 tokens, eager
+    python benchmarks/tree_step_time.py --smoke --out FILE.json   # CI: C=4, batch 1, 64 tokens,
+        eager, and chains of 0 and 2
 
 Each (path, C) is one in-process engine; the rounds alternate the paths.
 """
@@ -228,14 +229,13 @@ def main(argv=None) -> int:
                     help="engines without torch.compile (vLLM's enforce_eager): every path "
                          "runs without the compile time, but steps are not timed as served")
     ap.add_argument("--smoke", action="store_true",
-                    help="CI: capacity 4 (or chains of 0 and 2), batch 1, context 64, one "
-                         "round, --eager")
+                    help="CI: capacity 4, batch 1, context 64, one round, --eager, then the "
+                         "chain curve with chains of 0 and 2, in one process and one report")
     args = ap.parse_args(argv)
     if args.smoke:
         args.capacities, args.batches, args.contexts, args.rounds = [4], [1], [64], 1
         args.eager = True
-        if args.chain_lengths:
-            args.chain_lengths = [0, 2]
+        args.chain_lengths = None
     if args.chain_lengths:
         if 0 not in args.chain_lengths:
             ap.error("--chain-lengths must include 0 (ratios are to the step without drafts)")
@@ -261,9 +261,12 @@ def main(argv=None) -> int:
         print(f"| {c['capacity']} | {c['batch']} | {c['context']} | "
               + " | ".join(f"{c[p + '_ms']:.1f}" for p in paths) + " | "
               + " | ".join(f"{c[p + '_over_chain']:.2f}" for p in tree_paths) + " |")
+    report = {"environment": environment(args.dtype), "rows": rows, "cells": cells}
+    if args.smoke:
+        report["curve"] = curve_summary(chain_curve([0, 2], args.contexts[0], args.dtype,
+                                                    args.rounds, args.eager))
     if args.out:
-        write_json(args.out, {"environment": environment(args.dtype), "rows": rows,
-                              "cells": cells})
+        write_json(args.out, report)
     return 0
 
 

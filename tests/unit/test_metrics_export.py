@@ -13,6 +13,7 @@ from vllm_echo.plugin import metrics
 SNAPSHOT = {
     "steps": 7, "tracked_requests": 2, "state_bytes": 4096,
     "shared_outputs_bytes": 2048, "recycled_bytes": 1024, "tree_verifications": 5, "tree_compactions": 1,
+    "unmarked_requests": 3,
     "drafts_retrieval": 1, "drafts_logits": 0, "drafts_tree": 5,
     "tokens_retrieval": 4, "tokens_logits": 0, "tokens_tree": 36,
     "accepted_retrieval": 2, "accepted_logits": 0, "accepted_tree": 8,
@@ -72,6 +73,7 @@ def test_published_snapshot_becomes_prometheus_series(tmp_path):
     assert got[series("vllm_echo:state_bytes")] == 4096
     assert got[series("vllm_echo:shared_outputs_bytes")] == 2048
     assert got[series("vllm_echo:recycled_bytes")] == 1024
+    assert got[series("vllm_echo:unmarked_requests_total")] == 3
     assert got[series("vllm_echo:echo_accepted_tokens_total")] == 8
     assert got[series("vllm_echo:echo_k_max")] == 12
     assert got[series("vllm_echo:echo_step_cost_seconds", tokens="2")] == 0.032

@@ -13,9 +13,10 @@ from vllm_echo.algos.draft_sources import (ORIGIN_RECYCLED, ORIGIN_SHARED, Branc
                                            with_branches)
 from vllm_echo.algos.forest import ForestNodes
 from vllm_echo.config import ADDITIONAL_CONFIG_KEY
-from vllm_echo.plugin.patches import CACHE_SALT_KEY
+from vllm_echo.algos.pools import UNSALTED_POOL, pool_id
 from vllm_echo.plugin.proposers import echo as echo_proposer
 from vllm_echo.plugin.proposers import logitspec
+from vllm_echo.plugin.tenancy import CACHE_SALT_KEY, mark_request
 
 K = 4
 VOCAB = 200
@@ -34,9 +35,17 @@ def _proposer(cls, **settings):
 
 
 def _request(prompt_len: int, salt: str | None):
-    extra = {CACHE_SALT_KEY: salt} if salt is not None else None
+    """A request as the worker gets it: marked with its salt's pool, as the scheduler's
+    patch marks every request."""
+    params = SimpleNamespace(extra_args=None)
+    mark_request(params, salt)
+    return SimpleNamespace(prompt_token_ids=list(range(prompt_len)), sampling_params=params)
+
+
+def _unmarked_request(prompt_len: int, extra_args: dict | None):
+    """A request whose extra_args the scheduler did not mark (``extra_args`` as sent)."""
     return SimpleNamespace(prompt_token_ids=list(range(prompt_len)),
-                           sampling_params=SimpleNamespace(extra_args=extra))
+                           sampling_params=SimpleNamespace(extra_args=extra_args))
 
 
 def _step(proposer, batch: dict, top_k: dict | None = None):
@@ -86,6 +95,91 @@ def test_outputs_are_shared_only_within_a_cache_salt(monkeypatch, cls):
     assert snapshot["shared_outputs_bytes"] == proposer.sources.store.nbytes <= 1 << 20
 
 
+@pytest.mark.parametrize("cls", [logitspec.LogitSpecProposer, echo_proposer.EchoProposer])
+def test_a_client_sent_salt_reaches_no_pool(monkeypatch, cls):
+    """A tenant-1 salt string in extra_args (what a client's vllm_xargs become) is not a
+    mark: that request neither drafts tenant-1's outputs nor writes into its pool."""
+    monkeypatch.setattr(logitspec, "PROPOSE_DEADLINE_S", 60.0)
+    proposer = _proposer(cls, shared_outputs=True, shared_outputs_mib=1)
+    if cls is echo_proposer.EchoProposer:
+        proposer.planner.cost.set_curve([1, 64], [0.01, 0.01])  # verification is free
+    _step(proposer, {"a": (_request(len(PROMPT), "tenant-1"), PROMPT + ANSWER)})
+    asking = PROMPT + [1, 2] + ANSWER[:4]
+    spoofed = _unmarked_request(len(asking) - 1, {CACHE_SALT_KEY: "tenant-1"})
+    drafts = {}
+    for _ in range(2):  # echo: the first plan learns which sources pay
+        drafts = _step(proposer, {"marked": (_request(len(asking) - 1, "tenant-1"), asking),
+                                  "spoofed": (spoofed, asking)})
+    assert drafts["marked"] == ANSWER[4:4 + K]
+    assert not set(drafts["spoofed"]) & set(ANSWER), drafts["spoofed"]
+    # What it generates enters no pool; a marked request's outputs do enter its own.
+    secret, other = [60, 61, 62, 63, 64, 65], [70, 71, 72, 73, 74, 75]
+    _step(proposer, {
+        "spoofed-writer": (_unmarked_request(len(PROMPT), {CACHE_SALT_KEY: "tenant-1"}),
+                           PROMPT + secret),
+        "tenant-2-writer": (_request(len(PROMPT), "tenant-2"), PROMPT + other)})
+    store = proposer.sources.store
+    for pool in (pool_id("tenant-1"), pool_id("tenant-2"), UNSALTED_POOL):
+        assert len(store.draft(pool, np.array(secret[:3], np.int32), 3)[0]) == 0, pool
+    assert store.draft(pool_id("tenant-2"), np.array(other[:3], np.int32), 3)[0].tolist() == \
+        other[3:6]
+    assert proposer.snapshot()["unmarked_requests"] == 2  # once per request, not per step
+
+
+def test_a_request_without_a_mark_drafts_from_no_pool(monkeypatch):
+    monkeypatch.setattr(logitspec, "PROPOSE_DEADLINE_S", 60.0)
+    proposer = _proposer(logitspec.LogitSpecProposer, shared_outputs=True, shared_outputs_mib=1)
+    _step(proposer, {"a": (_request(len(PROMPT), None), PROMPT + ANSWER)})  # the unsalted pool
+    assert proposer.snapshot()["unmarked_requests"] == 0
+    asking = PROMPT + [1, 2] + ANSWER[:4]
+    drafts = _step(proposer, {"unsalted": (_request(len(asking) - 1, None), asking),
+                              "unmarked": (_unmarked_request(len(asking) - 1, None), asking)})
+    assert drafts["unsalted"] == ANSWER[4:4 + K]
+    assert drafts["unmarked"] == []
+    assert proposer.snapshot()["unmarked_requests"] == 1
+    assert proposer.stats.drafts["shared"] == 1
+
+
+def test_unmarked_requests_count_only_with_shared_sources_on(monkeypatch):
+    monkeypatch.setattr(logitspec, "PROPOSE_DEADLINE_S", 60.0)
+    proposer = _proposer(logitspec.LogitSpecProposer)
+    row = PROMPT + [1, 2, 3]
+    _step(proposer, {"unmarked": (_unmarked_request(len(PROMPT), None), row)})
+    assert proposer.snapshot()["unmarked_requests"] == 0
+
+
+@pytest.mark.parametrize("cls", [logitspec.LogitSpecProposer, echo_proposer.EchoProposer])
+def test_recycled_candidates_are_learned_per_pool(monkeypatch, cls):
+    monkeypatch.setattr(logitspec, "PROPOSE_DEADLINE_S", 60.0)
+    proposer = _proposer(cls, recycled=True, topk=8)
+    if cls is echo_proposer.EchoProposer:
+        proposer.planner.cost.set_curve([1, 64], [0.01, 0.01])  # verification is free
+    logits = np.random.default_rng(0).standard_normal(VOCAB).astype(np.float32)
+    _step(proposer, {
+        "a": (_request(2, "tenant-1"), [3, 40, 41]),
+        "spoofed": (_unmarked_request(2, {CACHE_SALT_KEY: "tenant-1"}), [3, 50, 51])},
+        top_k={"a": logits, "spoofed": logits})
+    tables = proposer.sources.recycled
+    assert tables.pools == [pool_id("tenant-1")]
+    table = tables.get(pool_id("tenant-1")).table
+    np.testing.assert_array_equal(table[40], np.argsort(-logits, kind="stable")[:8])
+    assert (table[50] == -1).all()
+    assert proposer.snapshot()["recycled_bytes"] == table.nbytes
+
+
+def test_recycled_candidates_draft_only_in_their_pool(monkeypatch):
+    monkeypatch.setattr(logitspec, "PROPOSE_DEADLINE_S", 60.0)
+    proposer = _proposer(logitspec.LogitSpecProposer, recycled=True, topk=8)
+    logits = np.random.default_rng(0).standard_normal(VOCAB).astype(np.float32)
+    _step(proposer, {"a": (_request(2, "tenant-1"), [3, 40, 41])}, top_k={"a": logits})
+    # Requests ending in 40 with no continuation of their own, and no logits behind them.
+    drafts = _step(proposer, {"same": (_request(1, "tenant-1"), [9, 40]),
+                              "other": (_request(1, "tenant-2"), [9, 40]),
+                              "unsalted": (_request(1, None), [9, 40])})
+    assert drafts["same"][0] == np.argsort(-logits, kind="stable")[0]
+    assert drafts["other"] == drafts["unsalted"] == []
+
+
 def test_the_prompt_is_not_shared(monkeypatch):
     monkeypatch.setattr(logitspec, "PROPOSE_DEADLINE_S", 60.0)
     proposer = _proposer(logitspec.LogitSpecProposer, shared_outputs=True, shared_outputs_mib=1)
@@ -103,8 +197,9 @@ def test_the_recycled_table_learns_the_targets_top_k(monkeypatch):
     # Row "a": ... 40, 41; the logits behind 41 were computed at input token 40.
     _step(proposer, {"a": (_request(2, None), [3, 40, 41])}, top_k={"a": logits})
     expected = np.argsort(-logits, kind="stable")[:8]
-    np.testing.assert_array_equal(proposer.sources.recycled.table[40], expected)
-    assert (proposer.sources.recycled.table[np.arange(VOCAB) != 40] == -1).all()
+    table = proposer.sources.recycled.get(UNSALTED_POOL).table
+    np.testing.assert_array_equal(table[40], expected)
+    assert (table[np.arange(VOCAB) != 40] == -1).all()
     # A request ending in 40 with no continuation of its own: the table's greedy path.
     # Its own logits row (for the head fallback) puts a different token first.
     other = np.zeros(VOCAB, np.float32)

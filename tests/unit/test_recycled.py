@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from vllm_echo.algos.recycled import RecycledTable, warm_up
+from vllm_echo.algos.draft_sources import ORIGIN_OWN, ORIGIN_RECYCLED, OtherSources
+from vllm_echo.algos.recycled import RecycledTable, RecycledTables, warm_up
 
 
 def _topk(logits, k):
@@ -67,6 +68,58 @@ def test_draft_stops_at_max_nodes_and_when_widths_run_out():
     assert t.draft(1, (3, 3), 0)[0].size == 0
     tokens, _ = t.draft(1, (9, 9), 64)  # widths above k read whole rows
     assert tokens.tolist() == [2, 3, 4, 5, 6, 7, 8, 9]
+
+
+def test_tables_are_made_per_pool_and_bounded_least_recently_used_first():
+    tables = RecycledTables(vocab_size=20, k=3, max_pools=2)
+    assert tables.nbytes == 0 and tables.get(1) is None  # nothing is made before learning
+    one = tables.get_or_create(1)
+    assert tables.get_or_create(1) is one
+    tables.get_or_create(2)
+    assert tables.get(1) is one  # a draft counts as use: pool 2 is now the oldest
+    tables.get_or_create(3)
+    assert tables.pools == [1, 3]
+    assert tables.get(2) is None
+    assert tables.nbytes == 2 * 20 * 3 * 4
+    with pytest.raises(ValueError):
+        RecycledTables(20, 3, max_pools=0)
+
+
+def _sources(max_pools=4):
+    return OtherSources(None, RecycledTables(20, 3, max_pools), span=4)
+
+
+def _learn(sources, pool, prev, top):
+    """Pool ``pool`` saw ``top`` (best first) as the target's top-k after ``prev``."""
+    sources.learn_logits(pool, np.array([prev, 0], np.int32), 2, np.array(top, np.int32))
+
+
+def test_a_pools_observations_never_draft_for_another_pool():
+    sources = _sources()
+    _learn(sources, 1, 5, [6, 7, 8])
+    row = np.array([5], np.int32)
+    tokens, origin = sources.chain(1, row, 1, 3)
+    assert origin == ORIGIN_RECYCLED and tokens.tolist()[0] == 6
+    assert sources.branches(1, row, 1, 4).token_ids.tolist()[:2] == [6, 7]
+    for pool in (2, 0, None):
+        tokens, origin = sources.chain(pool, row, 1, 3)
+        assert len(tokens) == 0 and origin == ORIGIN_OWN, pool
+        assert len(sources.branches(pool, row, 1, 4).token_ids) == 0
+    assert sources.recycled.pools == [1]
+
+
+def test_a_request_without_a_pool_teaches_no_table():
+    sources = _sources()
+    _learn(sources, None, 5, [6, 7, 8])
+    assert sources.recycled.pools == [] and sources.nbytes["recycled_bytes"] == 0
+
+
+def test_the_sources_memory_is_the_sum_of_the_pools_tables_within_the_bound():
+    sources = _sources(max_pools=3)
+    for pool in range(5):
+        _learn(sources, pool, 5, [6, 7, 8])
+    assert sources.recycled.pools == [2, 3, 4]
+    assert sources.nbytes["recycled_bytes"] == 3 * 20 * 3 * 4
 
 
 def test_warm_up_runs():

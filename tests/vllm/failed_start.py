@@ -9,7 +9,8 @@ import sys
 
 if __name__ == "__main__":
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine and worker in this process
-    sys.path.insert(0, os.path.dirname(__file__))
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:0] = [here, os.path.dirname(here)]  # engine_helpers imports tests/timing.py
     from engine_helpers import ENGINE_KWARGS
     from vllm import LLM
     from vllm.v1.attention.backends.registry import AttentionBackendEnum

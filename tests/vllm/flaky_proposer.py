@@ -3,6 +3,7 @@
 through ``{"method": "custom_class", "model": "flaky_proposer.FlakyProposer"}``
 (tests/vllm is on sys.path, which spawned vLLM processes inherit)."""
 
+import hashlib
 import itertools
 import time
 
@@ -20,6 +21,13 @@ def every_third(fn, fault):
             fault()
         return fn(*args, **kwargs)
     return flaky
+
+
+def every_third_alternating(fn, fault, other_fault):
+    """``fn`` with a fault before every third call, ``fault()`` and ``other_fault()``
+    in turn (calls 2, 8, 14, ... and 5, 11, 17, ...)."""
+    thirds = itertools.count()
+    return every_third(fn, lambda: (fault if next(thirds) % 2 == 0 else other_fault)())
 
 
 def _raise():
@@ -48,19 +56,14 @@ class FlakyProposer(proposer.LogitSpecProposer):
     def __init__(self, vllm_config):
         super().__init__(vllm_config)
         # This runs inside the worker: the module-level functions used there fail
-        # on every third call, and every other KV compaction misses a layer.
-        proposer.build_forest_nodes = every_third(proposer.build_forest_nodes, _raise)
+        # on every third call (drafting a forest either fails or, in turn, takes
+        # longer than the step's deadline), and every other KV compaction misses a
+        # layer.
+        proposer.build_forest_nodes = every_third_alternating(proposer.build_forest_nodes,
+                                                              _raise, _stall)
         tree_verdicts.verify_greedy = every_third(tree_verdicts.verify_greedy, _raise)
         cpu_tree_attention.compact_accepted_path = dropping_a_layer_capture(
             cpu_tree_attention.compact_accepted_path)
-
-
-class SlowProposer(proposer.LogitSpecProposer):
-    """Drafting for one request in three takes longer than the step's deadline."""
-
-    def __init__(self, vllm_config):
-        super().__init__(vllm_config)
-        proposer.build_forest_nodes = every_third(proposer.build_forest_nodes, _stall)
 
 
 class DriftedRunnerProposer(proposer.LogitSpecProposer):
@@ -118,7 +121,9 @@ class FlexFaultsProposer(proposer.LogitSpecProposer):
 
 class OneRankFlexFaultsProposer(proposer.LogitSpecProposer):
     """Under tensor parallel, the FLEX faults of _flex_faults on rank 1 only: the other
-    ranks' masks and compactions all succeed."""
+    ranks' masks and compactions all succeed. Each rank also keeps a digest of the
+    tokens it sampled (what ``propose`` receives every step), so a test can see that
+    the ranks emitted the same tokens (``sampled_digest`` in the snapshot)."""
 
     def __init__(self, vllm_config):
         from vllm.distributed.parallel_state import get_tp_group
@@ -126,6 +131,14 @@ class OneRankFlexFaultsProposer(proposer.LogitSpecProposer):
         if get_tp_group().rank_in_group == 1:
             _flex_faults()
         super().__init__(vllm_config)
+        self._digest = hashlib.sha256()
+
+    def propose(self, sampled_token_ids, *args, **kwargs):
+        self._digest.update(repr(sampled_token_ids).encode())
+        return super().propose(sampled_token_ids, *args, **kwargs)
+
+    def snapshot(self):
+        return {**super().snapshot(), "sampled_digest": self._digest.hexdigest()}
 
 
 class BrokenRegistryProposer(proposer.LogitSpecProposer):

@@ -15,6 +15,7 @@ import tempfile
 import time
 
 import requests
+from timing import record_start
 
 
 def free_port() -> int:
@@ -69,7 +70,8 @@ def openai_server(model: str, speculative_config: dict | None = None, *extra: st
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline = started + timeout_s
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"server exited with {proc.returncode}:\n{_tail(log.name)}")
@@ -79,6 +81,7 @@ def openai_server(model: str, speculative_config: dict | None = None, *extra: st
             if time.monotonic() > deadline:
                 raise TimeoutError(f"server not healthy after {timeout_s}s:\n{_tail(log.name)}")
             time.sleep(1)
+        record_start("server", time.monotonic() - started)
         yield Server(url, model, proc.pid)
         if proc.poll() is not None:
             raise RuntimeError(f"server died during the test:\n{_tail(log.name)}")

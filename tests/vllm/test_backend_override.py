@@ -80,6 +80,7 @@ def test_a_failing_registry_call_degrades_to_chain_mode_with_one_line(monkeypatc
     assert "register_backend" in lines[0].getMessage()
 
 
+@pytest.mark.engine
 def test_a_failed_engine_start_leaves_no_override(model_path):
     """A real in-process engine (in a fresh interpreter) whose model fails to load."""
     script = Path(__file__).with_name("failed_start.py")

@@ -5,10 +5,14 @@ cache_salt reaching the worker (its outputs land in, and are drafted from, that 
 pool only)."""
 
 import numpy as np
+import pytest
 from engine_helpers import engine
 
-from vllm_echo.algos.shared_outputs import pool_id
+from vllm_echo.algos.pools import UNSALTED_POOL, pool_id
 from vllm_echo.plugin.proposers.logitspec import worker_stats
+from vllm_echo.plugin.tenancy import CACHE_SALT_KEY
+
+pytestmark = pytest.mark.engine
 
 MAX_TOKENS = 64
 SPEC = {"method": "echo", "shared_outputs": True, "recycled": True}
@@ -25,11 +29,13 @@ def _drafts_by_pool(worker, context, salts):
 
 
 def _recycled_rows(worker):
-    """For collective_rpc: how many tokens the recycled table has learned a row for."""
+    """For collective_rpc: how many tokens the unsalted pool's recycled table has learned
+    a row for."""
     drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
     if drafter is None:
         return None
-    return int((drafter.sources.recycled.table[:, 0] >= 0).sum())
+    table = drafter.sources.recycled.get(UNSALTED_POOL)
+    return 0 if table is None else int((table.table[:, 0] >= 0).sum())
 
 
 def test_sources_on_greedy_identical_and_salted(model_path, spec_bench_16, greedy_reference):
@@ -47,6 +53,17 @@ def test_sources_on_greedy_identical_and_salted(model_path, spec_bench_16, greed
         start = len(salted.prompt_token_ids) + 8
         found = [s for s in llm.collective_rpc(
             _drafts_by_pool, args=(tokens[:start], ["tenant-1", "tenant-2"])) if s][0]
+        # An unsalted request naming a salt nobody has used in extra_args (what a
+        # server client's vllm_xargs becomes): the plugin's mark wins, so its output
+        # goes to the unsalted pool and that salt's pool stays empty.
+        spoofed = llm.generate({"prompt_token_ids": list(outs[1].prompt_token_ids)},
+                               SamplingParams(temperature=0, max_tokens=MAX_TOKENS,
+                                              extra_args={CACHE_SALT_KEY: "tenant-3"}),
+                               use_tqdm=False)[0]
+        spoof_tokens = list(spoofed.prompt_token_ids) + list(spoofed.outputs[0].token_ids)
+        spoof_found = [s for s in llm.collective_rpc(
+            _drafts_by_pool, args=(spoof_tokens[:len(spoofed.prompt_token_ids) + 8],
+                                   ["tenant-3"])) if s][0]
     got = [list(o.outputs[0].token_ids) for o in outs]
     mismatched = [i for i, (a, b) in enumerate(zip(got, greedy_reference))
                   if a != b[:MAX_TOKENS]]
@@ -59,3 +76,5 @@ def test_sources_on_greedy_identical_and_salted(model_path, spec_bench_16, greed
     assert found["tenant-1"] == tokens[start:start + len(found["tenant-1"])]
     assert found["tenant-1"], found
     assert found["tenant-2"] == [], found
+    assert list(spoofed.outputs[0].token_ids) == greedy_reference[1][:MAX_TOKENS]
+    assert spoof_found["tenant-3"] == [], spoof_found

@@ -4,7 +4,7 @@ FLEX_ATTENTION backend under CPU_ATTN (vllm_echo/plugin/attention/cpu_flex_atten
 the tree mask wrapper, its step tables and the slot compaction that CUDA users get
 (flex_tree_attention.py) verify real trees here (fp32, greedy).
 
-One engine per method, with a KV cache of 10 blocks: first 6 chats one at a time
+One engine per method, with a KV cache of 10 blocks: first 12 chats one at a time
 (batch 1) and the longest of them again (its first block comes from the prefix
 cache), then 16 chats at batch 8, whose 96-token outputs outgrow the cache together,
 so requests are preempted and resumed with trees in flight.
@@ -18,7 +18,7 @@ from flat_cost_echo import speculative_config as flat_cost_echo
 
 from vllm_echo.plugin.proposers.logitspec import worker_stats
 
-BATCH1_PROMPTS = 6  # the longest of them (210 tokens) fills a KV block to share
+BATCH1_PROMPTS = 12  # the longest of them fills a KV block to share
 BATCH1_MAX_TOKENS = 32
 SPECS = {  # (small trees on flex, capacity 4: test_sampled_distribution.py)
     "logitspec-cap32": {"method": "logitspec", "capacity": 32},
@@ -52,6 +52,7 @@ def _metric(llm, name):
     return sum(m.value for m in llm.get_metrics() if m.name == name)
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("name", list(SPECS))
 def test_flex_tree_attention_greedy_identical_to_no_speculation(
         model_path, spec_bench_16, greedy_reference, name):

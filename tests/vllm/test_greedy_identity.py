@@ -2,9 +2,9 @@
 """LogitSpec chain mode inside vLLM: greedy text identical to no speculation."""
 
 import pytest
-from engine_helpers import engine, spec_counters
+from engine_helpers import accepted_tokens, drafter_stats, since
 
-from vllm_echo.plugin.proposers.logitspec import worker_stats
+pytestmark = pytest.mark.engine
 
 MAX_TOKENS = 64
 
@@ -14,15 +14,13 @@ def reference(greedy_reference):
     return [tokens[:MAX_TOKENS] for tokens in greedy_reference]
 
 
-def _run(model_path, prompts, spec):
+def _run(llm, prompts):
     from vllm import SamplingParams
 
-    with engine(model_path, spec) as llm:
-        outs = llm.chat([p.as_chat() for p in prompts],
-                        SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)
-        counters = spec_counters(llm)
-        stats = [s for s in llm.collective_rpc(worker_stats) if s][0]
-    return [o.outputs[0].token_ids for o in outs], counters, stats
+    before = drafter_stats(llm)
+    outs = llm.chat([p.as_chat() for p in prompts],
+                    SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs], since(before, drafter_stats(llm))
 
 
 def _assert_identical(got, reference):
@@ -30,11 +28,10 @@ def _assert_identical(got, reference):
     assert not mismatched, f"outputs differ from no-spec for prompts {mismatched}"
 
 
-def test_logitspec_chain_mode_greedy_identical(model_path, spec_bench_16, reference):
-    got, counters, stats = _run(model_path, spec_bench_16,
-                                {"method": "logitspec", "tree": False, "num_speculative_tokens": 4})
+def test_logitspec_chain_mode_greedy_identical(shared_engine, spec_bench_16, reference):
+    got, stats = _run(shared_engine("logitspec-chain"), spec_bench_16)
     _assert_identical(got, reference)
-    assert counters["vllm:spec_decode_num_accepted_tokens"] > 0
+    assert accepted_tokens(stats) > 0, stats
     # The next-next branch (drafts led by a top-k candidate of the last logits, used when
     # the m-gram lookup found nothing) is proposed and some of it is accepted.
     assert stats["drafts_logits"] > 0 and stats["accepted_logits"] > 0, stats
@@ -43,13 +40,15 @@ def test_logitspec_chain_mode_greedy_identical(model_path, spec_bench_16, refere
     assert stats["greedy_verified_steps"] > 0, stats
 
 
-def test_echo_greedy_identical_and_reports_statistics(model_path, spec_bench_16, reference):
-    got, counters, stats = _run(model_path, spec_bench_16, {"method": "echo"})
+def test_echo_greedy_identical_and_reports_statistics(shared_engine, spec_bench_16, reference):
+    llm = shared_engine("echo")
+    got, stats = _run(llm, spec_bench_16)
     _assert_identical(got, reference)
     echo = stats["echo"]
-    assert counters["vllm:spec_decode_num_accepted_tokens"] > 0
+    assert accepted_tokens(stats) > 0, stats
     assert echo["accepted"] > 0 and echo["drafted"] >= echo["accepted"], echo
-    assert 0 < echo["draft_utilization"] <= 1
+    # (a ratio of the engine's totals, read as it reports it)
+    assert 0 < drafter_stats(llm)["echo"]["draft_utilization"] <= 1
     # the rule priced steps with a curve the timed decode steps corrected
     assert echo["cost_steps"] > 0 and echo["cost_curve_ms"], echo
     # acceptance rates learned from verdicts (some bucket has trials)

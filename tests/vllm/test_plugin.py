@@ -126,6 +126,13 @@ def test_other_methods_are_untouched(model_path):
     ({"method": "logitspec", "span": "long"}, ["span='long'", "integer"]),
     ({"method": "echo", "topk": 100000}, ["topk=100000", "vocabulary (49152)"]),
     ({"method": "logitspec", "model": "x/y"}, ["'model'", "logitspec"]),
+    # what a server refuses at start-up (test_serve_bad_input starts one for the line)
+    ({"method": "echo", "delta": 2}, ["unknown key", "'delta'", "allowed"]),
+    ({"method": "logitspec", "capacity": "big"}, ["capacity='big'", "integer"]),
+    ({"method": "echo", "k_max": 0}, ["k_max=0", "integer >= 1"]),
+    ({"method": "echo", "disable_by_batch_size": "many"},
+     ["disable_by_batch_size='many'", "integer >= 2"]),
+    ({"method": "echo", "model": "some/drafter"}, ["'model'", "remove it"]),
 ])
 def test_bad_settings_fail_before_the_engine_starts(model_path, spec, words):
     with pytest.raises(ValueError) as err:

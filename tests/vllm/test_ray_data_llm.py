@@ -27,6 +27,8 @@ from ray_helpers import RayLogs, drafters_in
 
 from vllm_echo import prompts
 
+pytestmark = pytest.mark.ray
+
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data.llm")
 psutil = pytest.importorskip("psutil")

@@ -24,6 +24,8 @@ from server_helpers import free_port
 
 from vllm_echo import prompts
 
+pytestmark = pytest.mark.ray
+
 pytest.importorskip("ray")
 pytest.importorskip("ray.serve.llm")
 

@@ -2,9 +2,12 @@
 """Per-request retrieval state is freed: no growth across hundreds of requests."""
 
 import numpy as np
+import pytest
 from engine_helpers import engine
 
 from vllm_echo.plugin.proposers.logitspec import worker_stats
+
+pytestmark = pytest.mark.engine
 
 
 def test_state_is_freed_across_300_requests(model_path):

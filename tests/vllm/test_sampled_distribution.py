@@ -28,8 +28,11 @@ import numpy as np
 import pytest
 import torch
 from engine_helpers import engine
+from flat_cost_echo import speculative_config as flat_cost_echo
 
 from vllm_echo.plugin.proposers.logitspec import worker_stats
+
+pytestmark = pytest.mark.engine
 
 NUM_PER_KIND = 1000
 MAX_TOKENS = 3
@@ -42,15 +45,15 @@ COLOURS = ("red", "blue", "green", "yellow")
 SPECS = {  # name: speculative config, engine arguments, sampling kinds
     # span 1: the retrieved chain is one colour, and the next-next heads (the other
     # colours, from the top-k of the logits that produced the last one) hang beside
-    # it, so a tree of capacity 4 is three likely siblings at the root (CI time: one
-    # kind, top-k and top-p; the two cases below run temperature 1.0)
-    "logitspec": ({"method": "logitspec", "capacity": 4, "span": 1}, {}, ("top_k_top_p",)),
+    # it, so a tree of capacity 4 is three likely siblings at the root
+    "logitspec": ({"method": "logitspec", "capacity": 4, "span": 1}, {}, tuple(KINDS)),
     # the same trees under FLEX_ATTENTION's tree mask and slot compaction (CI time: one kind)
     "logitspec-flex": ({"method": "logitspec", "capacity": 4, "span": 1, "tree_attention": "flex"},
                        {}, ("temperature",)),
-    # ECHO drafts where its cost curve says it pays, a small batch; its chains (the CPU
-    # default) go to vLLM's rejection sampler (CI time: one kind)
-    "echo": ({"method": "echo", "span": 1}, {"max_num_seqs": 32}, ("temperature",)),
+    # ECHO under a flat step-cost curve up to a knee (tests/vllm/flat_cost_echo.py), so
+    # that it drafts whatever this machine's step costs: batches of 16 leave it room
+    # below the knee; its chains (the CPU default) go to vLLM's rejection sampler
+    "echo": ({"method": "echo", "span": 1}, {"max_num_seqs": 16}, ("temperature",)),
 }
 
 
@@ -75,24 +78,25 @@ def _next_token_probs(llm, prefixes: list[list[int]], kind: str) -> list[dict[in
 
 
 @pytest.fixture(scope="module")
-def reference(model_path):
+def reference(no_spec_llm):
     """The prompt, and for each (kind, prefix) that at least MIN_GROUP requests are
     expected to reach, the top-20 of its next-token distribution as no-spec vLLM
-    samples it (top-k 10 keeps the whole support inside the top 20)."""
-    with engine(model_path, logprobs_mode="processed_logprobs") as llm:
-        prompt = colour_prompt(llm.get_tokenizer())
-        dists: dict[tuple[str, tuple[int, ...]], dict[int, float]] = {}
-        for kind in KINDS:
-            reach = {(): 1.0}
-            for _ in range(MAX_TOKENS):
-                tested = {p: q for p, q in reach.items() if q * NUM_PER_KIND >= MIN_GROUP}
-                if not tested:
-                    break
-                probs = _next_token_probs(llm, [prompt + list(p) for p in tested], kind)
-                reach = {}
-                for (prefix, q), dist in zip(tested.items(), probs):
-                    dists[kind, prefix] = dist
-                    reach.update({prefix + (t,): q * p for t, p in dist.items()})
+    samples it (top-k 10 keeps the whole support inside the top 20; the session's
+    no-spec engine returns processed logprobs)."""
+    llm = no_spec_llm
+    prompt = colour_prompt(llm.get_tokenizer())
+    dists: dict[tuple[str, tuple[int, ...]], dict[int, float]] = {}
+    for kind in KINDS:
+        reach = {(): 1.0}
+        for _ in range(MAX_TOKENS):
+            tested = {p: q for p, q in reach.items() if q * NUM_PER_KIND >= MIN_GROUP}
+            if not tested:
+                break
+            probs = _next_token_probs(llm, [prompt + list(p) for p in tested], kind)
+            reach = {}
+            for (prefix, q), dist in zip(tested.items(), probs):
+                dists[kind, prefix] = dist
+                reach.update({prefix + (t,): q * p for t, p in dist.items()})
     return prompt, dists
 
 
@@ -178,6 +182,9 @@ def test_sampled_tokens_follow_the_target_distribution(model_path, reference, na
 
     prompt, dists = reference
     spec, engine_kwargs, kinds = SPECS[name]
+    if spec["method"] == "echo":
+        spec, additional = flat_cost_echo(spec)
+        engine_kwargs = {**engine_kwargs, "additional_config": additional}
     samples = {}
     with engine(model_path, spec, **engine_kwargs) as llm:
         # one call per kind: a batch with top-p requests sorts every row's vocabulary

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`vllm serve --speculative-config '{"method":"echo"}'` (and logitspec's trees with the
-opt-in draft sources) on 127.0.0.1.
+"""`vllm serve --speculative-config '{"method":"echo"}'` (and ECHO and logitspec's trees
+with the opt-in draft sources) on 127.0.0.1.
 
 One no-spec server answers a battery of requests; each speculative server answers
 the same battery and must return exactly the same text (greedy, fp32). The
@@ -21,6 +21,8 @@ import pytest
 from server_helpers import Server, chat, openai_server, post, stream
 
 from vllm_echo import prompts
+
+pytestmark = pytest.mark.server
 
 MAX_MODEL_LEN = 1024
 # ~1,400 fp32 tokens of SmolLM2-135M: 32 concurrent requests cannot all fit.
@@ -125,12 +127,11 @@ def expected(no_spec) -> dict:
 
 # On CPU plain logitspec verifies chains; trees are what preemption must survive. (On
 # FLEX_ATTENTION's tree path, the GPU path's mask and compaction, preemption with trees
-# in flight is checked in the engine: test_flex_tree_attention.py.) logitspec's server
-# also turns on both opt-in sources, other requests' outputs and recycled candidates
-# (the battery repeats questions, so the shared store has answers to offer): one server
-# fewer than a server per combination (CI time); ECHO with the sources is checked in the
-# engine (test_draft_sources_engine.py).
+# in flight is checked in the engine: test_flex_tree_attention.py.) The "-sources"
+# servers also turn on both opt-in sources, other requests' outputs and recycled
+# candidates (the battery repeats questions, so the shared store has answers to offer).
 SERVED = {"echo": {"method": "echo"},
+          "echo-sources": {"method": "echo", "shared_outputs": True, "recycled": True},
           "logitspec-sources": {"method": "logitspec", "tree": True, "shared_outputs": True,
                                 "recycled": True}}
 
@@ -265,7 +266,7 @@ def test_small_cache_preempted_and_drafts_verified(served):
     if method.startswith("echo"):
         assert any(k.startswith("vllm_echo:echo_k_max") for k in metrics)
         assert total("vllm_echo:echo_drafted_tokens_total") > 0
-    if method == "logitspec-sources":
+    if method.endswith("-sources"):
         assert total("vllm_echo:shared_outputs_bytes") > 0, "the shared store holds nothing"
         assert total("vllm_echo:recycled_bytes") > 0
 

@@ -5,11 +5,11 @@ tokens identical to the same engine without speculation (fp32).
 vLLM advances each request's grammar through its draft tokens, cuts a draft at the
 first token the grammar refuses and masks every verified row with the grammar's
 bitmask; our drafter sends structured requests through chain verification
-(verdicts.tree_unsafe_reason). One no-spec engine gives the references; one engine
-per method answers the same requests in one call. The prompts restate what the
-answer must contain, so retrieval drafts it and drafts are really accepted (checked:
-the test cannot pass because nothing was drafted), and every output is checked
-against its constraint (it cannot pass on unconstrained text either).
+(verdicts.tree_unsafe_reason). The session's no-spec engine gives the references; the
+session's engine of each method answers the same requests in one call. The prompts
+restate what the answer must contain, so retrieval drafts it and drafts are really
+accepted (checked: the test cannot pass because nothing was drafted), and every output
+is checked against its constraint (it cannot pass on unconstrained text either).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import json
 import re
 
 import pytest
-from engine_helpers import engine, spec_counters
+from engine_helpers import accepted_tokens, drafter_stats, faults, since
 
-from vllm_echo.plugin.proposers.logitspec import worker_stats
+pytestmark = pytest.mark.engine
 
 MAX_TOKENS = 48
 
@@ -86,9 +86,8 @@ def _generate(llm):
 
 
 @pytest.fixture(scope="module")
-def reference(model_path):
-    with engine(model_path) as llm:
-        return _generate(llm)
+def reference(no_spec_llm):
+    return _generate(no_spec_llm)
 
 
 def test_reference_outputs_satisfy_their_constraints(reference):
@@ -97,19 +96,18 @@ def test_reference_outputs_satisfy_their_constraints(reference):
         check(text)
 
 
-@pytest.mark.parametrize("spec", [{"method": "logitspec"}, {"method": "echo"}],
-                         ids=["logitspec", "echo"])
-def test_structured_output_identical_to_no_speculation(model_path, reference, spec):
-    with engine(model_path, spec) as llm:
-        got = _generate(llm)
-        counters = spec_counters(llm)
-        stats = [s for s in llm.collective_rpc(worker_stats) if s][0]
+@pytest.mark.parametrize("method", ["logitspec-chain", "echo"])
+def test_structured_output_identical_to_no_speculation(shared_engine, reference, method):
+    # the methods' CPU defaults (shared engines, conftest.SHARED_SPECS)
+    llm = shared_engine(method)
+    before = drafter_stats(llm)
+    got = _generate(llm)
+    stats = since(before, drafter_stats(llm))
     for (kind, _, _, check), (tokens, text, _), (expected, _, _) in zip(
             _requests(), got, reference):
         assert tokens == expected, f"{kind}: {text!r} differs from no speculation"
         check(text)
     # drafts were proposed and verified for these requests, as chains
-    assert counters["vllm:spec_decode_num_accepted_tokens"] > 0, counters
+    assert accepted_tokens(stats) > 0, stats
     assert stats["tree_verifications"] == 0, stats
-    faults = {k: n for k, n in stats["failures"].items() if k != "propose:TimeoutError"}
-    assert not faults, stats["failures"]
+    assert not faults(stats), stats["failures"]

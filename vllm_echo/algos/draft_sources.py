@@ -2,13 +2,15 @@
 """Drafts from beyond a request's own text, as branches under its forest's root.
 
 - **Other requests' outputs** (SuffixDecoding's idea): an OutputStore of every
-  request's generated tokens, per pool (a tenant: vLLM's ``cache_salt``; requests
-  without one share pool 0), queried with the request's last tokens for a chain.
+  request's generated tokens, queried with the request's last tokens for a chain.
 - **Recycled candidates** (Token Recycling, arXiv 2408.08696): a RecycledTable from
   each token to the top-k tokens the target put after it, read as a small tree under
   the root. It holds token ids only, from the model's own logits.
 
-Both are engine-wide and bounded (the store by bytes, the table by vocabulary x k).
+Both are engine-wide and split by pool (a tenant: vLLM's ``cache_salt``, algos/pools.py):
+a request learns into and drafts from its own pool only, and a request with no pool
+(None) neither learns nor drafts. Both are bounded (the store by bytes, the recycled
+tables by vocabulary x k each and by their number).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from vllm_echo.algos.forest import ForestNodes
-from vllm_echo.algos.recycled import RecycledTable
+from vllm_echo.algos.recycled import RecycledTables
 from vllm_echo.algos.shared_outputs import OutputStore
 
 # Where a node came from, for acceptance statistics (ECHO) and counters.
@@ -40,10 +42,11 @@ class OtherSources:
     """The engine's cross-request sources (either may be None: switched off).
 
     ``recycled_widths``: children per node by depth in the recycled tree (Token
-    Recycling's static tree, cut to what a CPU step can verify).
+    Recycling's static tree, cut to what a CPU step can verify). Every method takes
+    the request's pool; None (no pool) learns and drafts nothing.
     """
 
-    def __init__(self, store: OutputStore | None, recycled: RecycledTable | None,
+    def __init__(self, store: OutputStore | None, recycled: RecycledTables | None,
                  span: int, recycled_widths: tuple[int, ...] = (2, 1, 1)):
         self.store = store
         self.recycled = recycled
@@ -59,57 +62,71 @@ class OtherSources:
         return {"shared_outputs_bytes": self.store.nbytes if self.store is not None else 0,
                 "recycled_bytes": self.recycled.nbytes if self.recycled is not None else 0}
 
-    def learn_outputs(self, pool: int, row: np.ndarray, length: int, start: int) -> None:
+    def learn_outputs(self, pool: int | None, row: np.ndarray, length: int,
+                      start: int) -> None:
         """The request's generated tokens ``row[start:length]`` are new (its m-grams
         may reach back before ``start``)."""
-        if self.store is not None and start < length:
+        if self.store is not None and pool is not None and start < length:
             self.store.add(pool, row[:length], start)
 
-    def learn_logits(self, row: np.ndarray, length: int, top_ids: np.ndarray) -> None:
+    def learn_logits(self, pool: int | None, row: np.ndarray, length: int,
+                     top_ids: np.ndarray | None) -> None:
         """``top_ids``: the top-k of the logits that produced ``row[length - 1]``, whose
         input was ``row[length - 2]``."""
-        if self.recycled is not None and length >= 2 and top_ids is not None and len(top_ids):
-            k = self.recycled.k
-            if top_ids.shape[-1] >= k:
-                self.recycled.update(row[length - 2:length - 1].astype(np.int32),
-                                     np.ascontiguousarray(top_ids[None, :k], np.int32))
+        if (self.recycled is None or pool is None or length < 2 or top_ids is None
+                or top_ids.shape[-1] < self.recycled.k):
+            return
+        k = self.recycled.k
+        self.recycled.get_or_create(pool).update(
+            row[length - 2:length - 1].astype(np.int32),
+            np.ascontiguousarray(top_ids[None, :k], np.int32))
 
-    def branches(self, pool: int, row: np.ndarray, length: int, room: int) -> Branches:
+    def branches(self, pool: int | None, row: np.ndarray, length: int, room: int
+                 ) -> Branches:
         """Up to ``room`` nodes: the store's chain, then the recycled tree."""
         parts_tokens, parts_parents, parts_origin = [], [], []
         n = 0
-        if self.store is not None and room > 0:
+        if pool is None or room <= 0:
+            return _no_branches()
+        if self.store is not None:
             chain, _ = self.store.draft(pool, row[:length], min(self.span, room))
             if len(chain):
                 parts_tokens.append(chain)
                 parts_parents.append(np.arange(-1, len(chain) - 1, dtype=np.int32))
                 parts_origin.append(np.full(len(chain), ORIGIN_SHARED, np.int8))
                 n = len(chain)
-        if self.recycled is not None and room - n > 0 and length:
-            tokens, parents = self.recycled.draft(int(row[length - 1]), self.recycled_widths,
-                                                  room - n)
+        table = self.recycled.get(pool) if self.recycled is not None and room - n > 0 else None
+        if table is not None and length:
+            tokens, parents = table.draft(int(row[length - 1]), self.recycled_widths, room - n)
             if len(tokens):
                 parts_tokens.append(tokens)
                 parts_parents.append(np.where(parents >= 0, parents + n, -1).astype(np.int32))
                 parts_origin.append(np.full(len(tokens), ORIGIN_RECYCLED, np.int8))
         if not parts_tokens:
-            return Branches(_EMPTY, _EMPTY, np.empty(0, np.int8))
+            return _no_branches()
         return Branches(*(np.concatenate(p) for p in (parts_tokens, parts_parents,
                                                       parts_origin)))
 
-    def chain(self, pool: int, row: np.ndarray, length: int, max_len: int
+    def chain(self, pool: int | None, row: np.ndarray, length: int, max_len: int
               ) -> tuple[np.ndarray, int]:
         """Chain mode's fallback when the request's own text has no continuation: the
         store's chain, else the recycled table's greedy path. Returns (tokens, origin)."""
-        if self.store is not None and max_len > 0:
+        if pool is None or max_len <= 0:
+            return _EMPTY, ORIGIN_OWN
+        if self.store is not None:
             chain, _ = self.store.draft(pool, row[:length], max_len)
             if len(chain):
                 return chain, ORIGIN_SHARED
-        if self.recycled is not None and max_len > 0 and length:
-            tokens, _ = self.recycled.draft(int(row[length - 1]), (1,) * max_len, max_len)
+        table = self.recycled.get(pool) if self.recycled is not None else None
+        if table is not None and length:
+            tokens, _ = table.draft(int(row[length - 1]), (1,) * max_len, max_len)
             if len(tokens):
                 return tokens, ORIGIN_RECYCLED
         return _EMPTY, ORIGIN_OWN
+
+
+def _no_branches() -> Branches:
+    return Branches(_EMPTY, _EMPTY, np.empty(0, np.int8))
 
 
 def with_branches(nodes: ForestNodes, extra: Branches, limit: int

@@ -8,13 +8,18 @@ after ``t``, best first; the latest observation overwrites the row) and drafts
 a tree from it without any draft model: the root's row gives the depth-1
 children, each child's row its own children, and so on, with a width per depth.
 
-The table is one dense int32 array (``vocab_size * k * 4`` bytes: 6.3 MB for a
+The table is one dense int32 array (``vocab_size * k * 4`` bytes: 1.5 MiB for a
 49k vocabulary at k = 8); -1 marks an empty entry. Update and draft are numba
 kernels: an update is a row copy per observed token, a draft a breadth-first
 walk whose output array doubles as its queue, so both cost O(their output).
+
+A row reflects the context of the request that last saw its token, so the engine keeps
+one table per pool (tenant, algos/pools.py): ``RecycledTables``, bounded in number.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 import numpy as np
 from numba import njit
@@ -77,7 +82,7 @@ def recycled_draft(table, root, widths, max_nodes, out_tokens, out_parents):
 
 
 class RecycledTable:
-    """The adjacency table shared by every request of one model.
+    """The adjacency table shared by the requests of one pool.
 
     Args:
         vocab_size: rows (the target's vocabulary).
@@ -117,6 +122,51 @@ class RecycledTable:
     @property
     def nbytes(self) -> int:
         return self.table.nbytes
+
+
+class RecycledTables:
+    """One RecycledTable per pool, made when the pool first learns; at most
+    ``max_pools`` of them: a new pool's table replaces the least recently used pool's
+    (learning or drafting counts as use), whose candidates are lost.
+    """
+
+    __slots__ = ("vocab_size", "k", "max_pools", "_tables")
+
+    def __init__(self, vocab_size: int, k: int, max_pools: int):
+        if vocab_size < 1 or k < 1 or max_pools < 1:
+            raise ValueError(f"vocab_size, k and max_pools must be >= 1, got {vocab_size}, "
+                             f"{k}, {max_pools}")
+        self.vocab_size = vocab_size
+        self.k = k
+        self.max_pools = max_pools
+        self._tables: OrderedDict[int, RecycledTable] = OrderedDict()  # oldest use first
+
+    def get(self, pool: int) -> RecycledTable | None:
+        """The pool's table, or None when it has learned nothing (kept or not)."""
+        table = self._tables.get(pool)
+        if table is not None:
+            self._tables.move_to_end(pool)
+        return table
+
+    def get_or_create(self, pool: int) -> RecycledTable:
+        """The pool's table, made empty if it has none (evicting the least recently
+        used pool's at the bound)."""
+        table = self.get(pool)
+        if table is None:
+            if len(self._tables) >= self.max_pools:
+                self._tables.popitem(last=False)
+            table = self._tables[pool] = RecycledTable(self.vocab_size, self.k)
+        return table
+
+    @property
+    def pools(self) -> list[int]:
+        """The pools that have a table, least recently used first."""
+        return list(self._tables)
+
+    @property
+    def nbytes(self) -> int:
+        # list() first: the stats thread reads this while the drafting thread adds tables
+        return sum(table.nbytes for table in list(self._tables.values()))
 
 
 def warm_up() -> None:

@@ -9,7 +9,7 @@ continuation, which is appended, and so on. ``support`` (the chosen count over
 the entry's total) is a confidence the caller can cut the chain on.
 
 Isolation: every entry is keyed by (pool, m, m-gram), the pool being a tenant
-(vLLM's ``cache_salt``, see ``pool_id``), so one tenant's outputs never draft
+(vLLM's ``cache_salt``, see algos/pools.py), so one tenant's outputs never draft
 for another. The key is a 64-bit XXH64 of the m-gram seeded by a mix of pool
 and m, stored in full in its slot, so entries of two pools (or orders) only
 meet on a 64-bit collision.
@@ -27,10 +27,10 @@ frequent. Per token added: ``len(orders)`` hashes and probes, O(probe * width).
 from __future__ import annotations
 
 import numpy as np
-import xxhash
 from numba import njit, uint64
 
 from vllm_echo.algos.hashing import xxh64_tokens
+from vllm_echo.algos.pools import pool_id
 
 _EMPTY_KEY = uint64(0)
 _NO_TOKEN = -1
@@ -41,14 +41,6 @@ _RESCALE_AT = 2.0 ** 64  # increment that triggers rescaling every count by 1 / 
 _META_PROBE, _META_ENTRIES, _META_EVICTIONS, _META_ORDERS = 0, 1, 2, 3
 # clock (float64): current increment, growth per token added
 _CLOCK_INC, _CLOCK_GROWTH = 0, 1
-
-
-def pool_id(salt: str | None) -> int:
-    """0 for None (the shared pool), else a stable nonzero 63-bit id of the salt."""
-    if salt is None:
-        return 0
-    h = xxhash.xxh64_intdigest(salt.encode("utf-8")) & ((1 << 63) - 1)
-    return h or 1
 
 
 @njit(inline="always")

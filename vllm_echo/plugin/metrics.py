@@ -130,7 +130,11 @@ _SCALARS = {
     "shared_outputs_bytes": ("vllm_echo:shared_outputs_bytes", "gauge",
                              "bytes held by the store of requests' outputs (fixed at start)"),
     "recycled_bytes": ("vllm_echo:recycled_bytes", "gauge",
-                       "bytes held by the recycled-candidates table (fixed at start)"),
+                       "bytes held by the recycled-candidates tables (one per pool that "
+                       "learned, up to a fixed number)"),
+    "unmarked_requests": ("vllm_echo:unmarked_requests", "counter",
+                          "requests without the scheduler's pool mark while shared draft "
+                          "sources are on; they drafted from no shared pool"),
 }
 _BY_SOURCE = {
     "drafts": ("vllm_echo:draft_requests", "request-steps that got a draft, by draft source"),

@@ -252,21 +252,28 @@ themselves off (same log line and counter) on a call they do not understand.
       proposers.
 
 11. ``NewRequestData.from_request`` (classmethod, wrapped; scheduler side)
-   What: a request that has a ``cache_salt`` gets it copied into its sampling params'
-      ``extra_args`` under ``CACHE_SALT_KEY`` ("vllm_echo_cache_salt"), which travel
-      to the workers with the new request; the proposer puts the request's outputs in,
-      and drafts from, that salt's pool of shared outputs only
-      (proposers/logitspec._pool_of).
+   What: every request with sampling params gets a ``tenancy.PoolMark`` in their
+      ``extra_args`` under ``CACHE_SALT_KEY`` ("vllm_echo_cache_salt"): the pool of its
+      ``cache_salt``, or the unsalted pool (tenancy.mark_request). It replaces whatever
+      a client sent under that key (``vllm_xargs`` become ``extra_args``), with one
+      warning per process the first time. The mark travels to the workers with the new
+      request; the proposer puts the request's outputs and logits into, and drafts
+      from, that pool only, and a request without a mark into and from no pool
+      (proposers/logitspec.LogitSpecProposer._pool).
    Why: in vLLM 0.32 the salt lives on the scheduler's ``Request`` and does not reach
-      the worker; the shared-outputs source must not draft one tenant's text for
-      another. ``extra_args`` is vLLM's field for plugins; the key is namespaced, and
-      requests without a salt are untouched. It is installed in every process where
-      the plugin is registered, whatever the method (the engine-core process cannot
-      tell before its scheduler runs), and changes nothing else.
+      the worker; the shared sources must not draft one tenant's text for another.
+      ``extra_args`` is vLLM's field for plugins, but clients can write it too: only a
+      PoolMark, which JSON and msgpack cannot make, is trusted (tenancy.py). It is
+      installed in every process where the plugin is registered, whatever the method
+      (the engine-core process cannot tell before its scheduler runs), and changes
+      nothing else.
    Upstream: vllm/v1/core/sched/output.py:59 (from_request), v1/request.py:185
-      (cache_salt).
+      (cache_salt), entrypoints/openai/chat_completion/protocol.py:746 (vllm_xargs
+      into extra_args).
    Drift: a vLLM without ``NewRequestData.from_request`` leaves the patch out (one
-      log line): every request drafts from the shared pool.
+      log line): shared sources are OFF, since workers find no mark and so draft from
+      no shared pool (counted per request as ``unmarked_requests``, logged once per
+      engine). Fails closed.
    Remove when: the worker sees ``cache_salt`` (on NewRequestData or the runner's
       CachedRequestState).
 
@@ -345,11 +352,14 @@ Not vLLM, listed for completeness: ``sys.excepthook`` is wrapped so that a
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
+from vllm_echo.plugin.tenancy import CACHE_SALT_KEY, mark_request
+
+logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
+
 _MARK = "_vllm_echo_patched"
-# Where entry 11 puts a request's cache_salt in its sampling params' extra_args.
-CACHE_SALT_KEY = "vllm_echo_cache_salt"
 
 
 def patch_create_speculative_config() -> None:
@@ -396,30 +406,33 @@ def patch_create_engine_config() -> None:
 
 
 def patch_new_request_salt() -> None:
-    """Entry 11: carry ``cache_salt`` to the workers in the sampling params."""
-    import logging
-
+    """Entry 11: mark every request with its cache_salt's pool for the workers."""
     try:
         from vllm.v1.core.sched.output import NewRequestData
 
         func = NewRequestData.__dict__["from_request"].__func__
     except (ImportError, KeyError, AttributeError) as exc:
-        logging.getLogger("vllm.vllm_echo").warning(
-            "vllm-echo: cannot carry cache_salt to the workers (%s); requests share one "
-            "pool of shared outputs.", exc)
+        logger.warning(
+            "vllm-echo: cannot mark requests with their cache_salt's pool (%s); shared "
+            "draft sources are OFF: workers find no mark, so no request drafts from a "
+            "shared pool.", exc)
         return
     if getattr(func, _MARK, False):
         return
+    client_key_seen = False
 
     @functools.wraps(func)
     def from_request(cls, request, *args, **kwargs):
+        nonlocal client_key_seen
         data = func(cls, request, *args, **kwargs)
-        salt = getattr(request, "cache_salt", None)
         params = getattr(data, "sampling_params", None)
-        if salt is not None and params is not None:
-            extra = params.extra_args or {}
-            if extra.get(CACHE_SALT_KEY) != salt:
-                params.extra_args = {**extra, CACHE_SALT_KEY: salt}
+        if params is not None and mark_request(params, getattr(request, "cache_salt", None)):
+            if not client_key_seen:
+                client_key_seen = True
+                logger.warning(
+                    "vllm-echo: the plugin's reserved extra_args key %r was sent by a client "
+                    "and is ignored; salts are server-owned (cache_salt). Logged once.",
+                    CACHE_SALT_KEY)
         return data
 
     setattr(from_request, _MARK, True)

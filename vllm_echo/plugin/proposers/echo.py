@@ -102,7 +102,7 @@ class EchoProposer(LogitSpecProposer):
     def _draft_request(self, step, i, req_id, state, max_len, accepted):
         top_ids, top_logp = step
         row_top = None if top_ids is None else top_ids[i]
-        self.sources.learn_logits(state.index.tokens, state.index.length, row_top)
+        self.sources.learn_logits(state.pool, state.index.tokens, state.index.length, row_top)
         nodes, origin = self.forest(state, _EMPTY if top_logp is None else row_top,
                                     min(self.settings.capacity, max_len + 1))
         return Candidates(*nodes, head_logp=_NO_LOGP if top_logp is None else top_logp[i],

@@ -22,15 +22,14 @@ from vllm_echo.algos.draft_sources import (ORIGIN_RECYCLED, ORIGIN_SHARED, Other
 from vllm_echo.algos.forest import (SOURCE_LOGITS, SOURCE_RETRIEVAL, build_forest,
                                     build_forest_nodes, first_chain)
 from vllm_echo.algos.ngram_index import NgramIndex
-from vllm_echo.algos.recycled import RecycledTable
-from vllm_echo.algos.shared_outputs import OutputStore, pool_id
+from vllm_echo.algos.recycled import RecycledTables
+from vllm_echo.algos.shared_outputs import OutputStore
 from vllm_echo.algos.verify import verify_greedy_chains
 from vllm_echo.config import DEFAULT_NUM_SPECULATIVE_TOKENS
 from vllm_echo.plugin.attention import tree_support
 from vllm_echo.plugin.attention.flex_tree_attention import attach_to_builders
 from vllm_echo.plugin.config_shim import settings_from_vllm_config
 from vllm_echo.plugin.metrics import publish_worker_stats
-from vllm_echo.plugin.patches import CACHE_SALT_KEY
 from vllm_echo.plugin.proposers.tp_drafts import RankZeroDrafts, tensor_parallel_group
 from vllm_echo.plugin.runner.access import find_runner, probe_runner
 from vllm_echo.plugin.runner.last_logits import LastLogitsTopK
@@ -38,6 +37,7 @@ from vllm_echo.plugin.runner.prepare_hook import install_prepare_hook
 from vllm_echo.plugin.runner.sample_hook import install_sample_hook
 from vllm_echo.plugin.runner.sampler_fixes import install_sampler_fixes
 from vllm_echo.plugin.runner.tree_state import TreeContext, TreeDraft, tree_unsafe_reason
+from vllm_echo.plugin.tenancy import pool_of
 
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
 
@@ -50,6 +50,9 @@ SOURCE_RECYCLED = 6  # the recycled-candidates table (chain mode's fallback)
 OTHER_SOURCES_ROOM = 16
 # Candidates kept per token in the recycled table (Token Recycling keeps 8).
 RECYCLED_K = 8
+# Pools with a recycled table of their own (vocab x k x 4 bytes each, 1.5 MiB at 49k and
+# k = 8): memory against tenants; one more evicts the least recently used pool's table.
+MAX_RECYCLED_POOLS = 16
 # Drafting is cooperative-timed: once a step's drafting has taken this long, the
 # requests not drafted yet go without drafts this step (counted as a failure of
 # kind "propose:TimeoutError", logged once). Normal drafting takes well under 10 ms
@@ -78,9 +81,13 @@ class DraftStats:
     tokens: dict = field(default_factory=lambda: dict.fromkeys(_SOURCE_NAMES.values(), 0))
     accepted: dict = field(default_factory=lambda: dict.fromkeys(_SOURCE_NAMES.values(), 0))
     peak_tracked_requests: int = 0  # most requests holding retrieval state at once
+    # Requests without the scheduler's pool mark (patches.py entry 11) while shared
+    # sources are on: they drafted from no shared pool.
+    unmarked_requests: int = 0
 
     def flat(self) -> dict[str, int]:
-        out = {"steps": self.steps, "peak_tracked_requests": self.peak_tracked_requests}
+        out = {"steps": self.steps, "peak_tracked_requests": self.peak_tracked_requests,
+               "unmarked_requests": self.unmarked_requests}
         for kind in ("drafts", "tokens", "accepted"):
             for source, value in getattr(self, kind).items():
                 out[f"{kind}_{source}"] = value
@@ -91,9 +98,9 @@ class _OutputCursor:
     """How far a request's outputs went into the shared store (no index needed)."""
     __slots__ = ("owner", "pool", "stored")
 
-    def __init__(self, owner: Any, length: int):
+    def __init__(self, owner: Any, length: int, pool: int | None):
         self.owner = owner
-        self.pool = _pool_of(owner)  # its tenant's pool of shared outputs
+        self.pool = pool  # its tenant's pool of the shared sources (None: no pool)
         prompt = getattr(owner, "prompt_token_ids", None)  # the prompt is not an output
         self.stored = len(prompt) if prompt is not None else length
 
@@ -101,13 +108,13 @@ class _OutputCursor:
 class _RequestState:
     __slots__ = ("owner", "index", "tree_ok", "last_len", "last_source", "pool")
 
-    def __init__(self, owner: Any, index: NgramIndex, tree_ok: bool):
+    def __init__(self, owner: Any, index: NgramIndex, tree_ok: bool, pool: int | None):
         self.owner = owner  # the runner's CachedRequestState: detects a reused request id
         self.index = index
         self.tree_ok = tree_ok  # sampling params allow tree verification
         self.last_len = 0  # the draft proposed last step, to attribute acceptances
         self.last_source = 0
-        self.pool = _pool_of(owner)  # its tenant's pool of shared outputs
+        self.pool = pool  # its tenant's pool of the shared sources (None: no pool)
 
 
 class LogitSpecProposer:
@@ -127,6 +134,8 @@ class LogitSpecProposer:
         self.max_model_len = vllm_config.model_config.max_model_len
         self._states: dict[str, _RequestState] = {}
         self._cursors: dict[str, _OutputCursor] = {}  # shared store: outputs given so far
+        # req_id -> (owner, pool): each request's pool, resolved once (see _pool)
+        self._pools: dict[str, tuple[Any, int | None]] = {}
         self._last_logits = LastLogitsTopK(self.settings.topk)
         self.sources = _other_sources(self.settings, vllm_config)
         self._no_spec: str | None = None  # why load_model found nothing to draft with
@@ -135,7 +144,7 @@ class LogitSpecProposer:
         self.stats = DraftStats()
         # This engine's trees, step in flight and verdicts, shared with the runner
         # hooks and attention layers that load_model ties to it.
-        self.tree_context = TreeContext()
+        self.tree_context = TreeContext(engine_seed=_engine_seed(vllm_config))
         self._runner: Any = _runner_creating_us()  # None: load_model looks again
         if self.settings.tree and self._runner is None:
             logger.warning("vllm-echo: tree verification unavailable (the proposer was not "
@@ -290,7 +299,7 @@ class LogitSpecProposer:
         """Request ``i``'s draft (here its token ids; trees are recorded on the way)."""
         self._count_accepted(state, accepted)
         top_ids = None if step[0] is None else step[0][i]
-        self.sources.learn_logits(state.index.tokens, state.index.length, top_ids)
+        self.sources.learn_logits(state.pool, state.index.tokens, state.index.length, top_ids)
         tokens, source = self._draft(req_id, state, _NO_TOKENS if top_ids is None else top_ids,
                                      max_len)
         self._count_draft(state, len(tokens), source)
@@ -351,7 +360,7 @@ class LogitSpecProposer:
         if state is None or state.owner is not owner or state.index.length > length:
             state = _RequestState(owner, NgramIndex(self.settings.max_ngram, self.settings.span,
                                                     capacity_hint=length + 256),
-                                  self._tree_allowed(owner))
+                                  self._tree_allowed(owner), self._pool(req_id, owner))
             self._states[req_id] = state
         index = state.index
         if index.length < length:
@@ -365,7 +374,8 @@ class LogitSpecProposer:
         owner = self._runner.requests.get(req_id)
         cursor = self._cursors.get(req_id)
         if cursor is None or cursor.owner is not owner or cursor.stored > length:
-            cursor = self._cursors[req_id] = _OutputCursor(owner, length)
+            cursor = self._cursors[req_id] = _OutputCursor(owner, length,
+                                                           self._pool(req_id, owner))
         if cursor.stored < length:
             self.sources.learn_outputs(cursor.pool, row, length, cursor.stored)
             cursor.stored = length
@@ -377,6 +387,24 @@ class LogitSpecProposer:
             self.tree_context.trees.pop(req_id, None)
         for req_id in [r for r in self._cursors if r not in live]:
             del self._cursors[req_id]
+        for req_id in [r for r in self._pools if r not in live]:
+            del self._pools[req_id]
+
+    def _pool(self, req_id: str, owner: Any) -> int | None:
+        """The request's pool of the shared sources from the scheduler's mark (tenancy.py),
+        resolved once per request; None (no mark) drafts from and teaches no pool."""
+        known = self._pools.get(req_id)
+        if known is not None and known[0] is owner:
+            return known[1]
+        pool = pool_of(getattr(owner, "sampling_params", None))
+        self._pools[req_id] = (owner, pool)
+        if pool is None and self.sources.enabled:
+            self.stats.unmarked_requests += 1
+            self._log_once("unmarked", "vllm-echo: requests arrived without the plugin's pool "
+                           "mark (is patches.py entry 11 in effect in the scheduler's "
+                           "process?); they draft from no shared pool and teach none. "
+                           "Counted as unmarked_requests; logged once.")
+        return pool
 
     def _tree_allowed(self, owner: Any) -> bool:
         if not self.tree_enabled:
@@ -442,18 +470,17 @@ def _other_sources(settings: Any, vllm_config: Any) -> OtherSources:
     """The engine's cross-request draft sources its settings switch on."""
     store = (OutputStore(settings.shared_outputs_mib << 20) if settings.shared_outputs
              else None)
-    table = None
+    tables = None
     if settings.recycled:
-        table = RecycledTable(vllm_config.model_config.get_vocab_size(),
-                              min(RECYCLED_K, settings.topk))
-    return OtherSources(store, table, settings.span)
+        tables = RecycledTables(vllm_config.model_config.get_vocab_size(),
+                                min(RECYCLED_K, settings.topk), MAX_RECYCLED_POOLS)
+    return OtherSources(store, tables, settings.span)
 
 
-def _pool_of(owner: Any) -> int:
-    """The shared-outputs pool of a request: its ``cache_salt``, carried here in its
-    sampling params' extra_args (patches.py), or the pool of requests without one."""
-    extra = getattr(getattr(owner, "sampling_params", None), "extra_args", None) or {}
-    return pool_id(extra.get(CACHE_SALT_KEY))
+def _engine_seed(vllm_config: Any) -> int:
+    """The engine's seed (0 without one), as the non-negative int numpy seeds need."""
+    seed = getattr(vllm_config.model_config, "seed", None) or 0
+    return seed & ((1 << 64) - 1)  # a negative seed keeps its 64 bits
 
 
 def _runner_creating_us() -> Any | None:

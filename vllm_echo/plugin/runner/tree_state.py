@@ -101,6 +101,9 @@ class TreeContext:
     # Tensor parallel: the element-wise minimum of an int32 array over the TP group
     # (every rank calls it in the same steps); None with one rank. Set by the proposer.
     agree: Callable[[np.ndarray], np.ndarray] | None = None
+    # The engine's seed (model_config.seed, 0 without one), which seeds the sampled tree
+    # verdicts of requests without a seed of their own (tree_verdicts.request_rng).
+    engine_seed: int = 0
     # req_id -> accepted node indices of its last tree verification, kept only when a
     # proposer that learns from verdicts (ECHO) asks for them and pops them.
     record_paths: bool = False

@@ -5,7 +5,8 @@ After vLLM's own sampling (its verdict on each tree's nodes read as a chain), ev
 tree request of the step gets, in order:
 
 1. its verdict: the longest path matching the target's argmax (greedy), or recursive
-   rejection over siblings (sampled), which keeps the target distribution exact;
+   rejection over siblings (sampled), which keeps the target distribution exact, with
+   random numbers that no torch generator gives (``request_rng``);
 2. KV compaction: the accepted path's K/V moved to the consecutive slots vLLM
    assumes, before the next schedule() can hash the block for prefix caching;
 3. one agreement among tensor-parallel ranks (``TreeContext.agree``): each rank's
@@ -25,6 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
+import xxhash
 
 from vllm_echo.algos.verify import verify_greedy, verify_sampling
 from vllm_echo.plugin.runner.greedy_shortcut import row_argmax
@@ -72,7 +74,8 @@ def finish_tree_step(tree_context: TreeContext, logits: torch.Tensor, metadata: 
             outcome[tree.req_idx] = FAILED
             if not step.failed:
                 try:
-                    verdict = _verdict(tree, logits, metadata, sampling, row_argmaxes)
+                    verdict = _verdict(tree, logits, metadata, sampling, row_argmaxes,
+                                       tree_context.engine_seed)
                     outcome[tree.req_idx] = _compact(verdict, offset, step, compact, on_error)
                     verdicts[tree.req_idx] = verdict
                 except Exception as exc:
@@ -84,7 +87,7 @@ def finish_tree_step(tree_context: TreeContext, logits: torch.Tensor, metadata: 
 
 
 def _verdict(tree: TreeRows, logits: torch.Tensor, metadata: Any, sampling: Any,
-             row_argmaxes: np.ndarray | None) -> _Verdict:
+             row_argmaxes: np.ndarray | None, engine_seed: int) -> _Verdict:
     n = len(tree.token_ids)
     if metadata.num_draft_tokens[tree.req_idx] != n:
         raise RuntimeError(f"{n} tree nodes prepared but "
@@ -99,7 +102,7 @@ def _verdict(tree: TreeRows, logits: torch.Tensor, metadata: Any, sampling: Any,
     else:
         probs = target_probs(logits[start:start + n + 1], sampling, tree.req_idx)
         path, next_token = verify_sampling(tree.token_ids, tree.parents, probs,
-                                           request_rng(sampling, tree.req_idx))
+                                           request_rng(sampling, tree, engine_seed))
     return _Verdict(tree, start, list(path), next_token, argmax, greedy)
 
 
@@ -193,11 +196,20 @@ def target_probs(rows: torch.Tensor, sampling: Any, req_idx: int) -> np.ndarray:
     return torch.softmax(x, dim=-1).double().cpu().numpy()
 
 
-def request_rng(sampling: Any, req_idx: int) -> np.random.Generator:
-    """Seeded requests stay reproducible: draw from the request's own generator."""
-    generator = sampling.generators.get(req_idx)
-    seed = torch.randint(0, 2**62, (1,), generator=generator).item()
-    return np.random.default_rng(seed)
+def request_rng(sampling: Any, tree: TreeRows, engine_seed: int) -> np.random.Generator:
+    """The random numbers of one request's sampled tree verdict in this step, derived
+    without state: from the request's seed (its generator's ``initial_seed()``, which
+    works on any device and draws nothing) or, unseeded, from the engine's seed and the
+    request id; and the step's ``context_len``.
+
+    Nothing is drawn from a torch generator, so vLLM's sampler streams are what they
+    would be without trees, every tensor-parallel rank gets the same numbers whichever
+    steps failed where, and a seeded request reproduces."""
+    generator = sampling.generators.get(tree.req_idx)
+    if generator is not None:
+        return np.random.default_rng([generator.initial_seed(), tree.context_len])
+    request = xxhash.xxh64_intdigest(tree.req_id.encode("utf-8"))
+    return np.random.default_rng([engine_seed, request, tree.context_len])
 
 
 def accept_no_tree_drafts(tree_context: TreeContext, output: Any) -> None:
