@@ -31,6 +31,8 @@ def _proposer(cls, **settings):
         instance_id="")
     proposer = cls(config)
     proposer._warm_up()
+    if cls is echo_proposer.EchoProposer:
+        proposer.planner.cost.set_curve([1, 64], [0.01, 0.01])  # verification is free
     return proposer
 
 
@@ -78,8 +80,6 @@ PROMPT = [5, 6, 7, 8]
 def test_outputs_are_shared_only_within_a_cache_salt(monkeypatch, cls):
     monkeypatch.setattr(logitspec, "PROPOSE_DEADLINE_S", 60.0)
     proposer = _proposer(cls, shared_outputs=True, shared_outputs_mib=1)
-    if cls is echo_proposer.EchoProposer:
-        proposer.planner.cost.set_curve([1, 64], [0.01, 0.01])  # verification is free
     _step(proposer, {"a": (_request(len(PROMPT), "tenant-1"), PROMPT + ANSWER)})
     asking = PROMPT + [1, 2] + ANSWER[:4]  # prompt PROMPT + [1, 2, 150, 151, 152], one output
     drafts = {}
@@ -101,8 +101,6 @@ def test_a_client_sent_salt_reaches_no_pool(monkeypatch, cls):
     mark: that request neither drafts tenant-1's outputs nor writes into its pool."""
     monkeypatch.setattr(logitspec, "PROPOSE_DEADLINE_S", 60.0)
     proposer = _proposer(cls, shared_outputs=True, shared_outputs_mib=1)
-    if cls is echo_proposer.EchoProposer:
-        proposer.planner.cost.set_curve([1, 64], [0.01, 0.01])  # verification is free
     _step(proposer, {"a": (_request(len(PROMPT), "tenant-1"), PROMPT + ANSWER)})
     asking = PROMPT + [1, 2] + ANSWER[:4]
     spoofed = _unmarked_request(len(asking) - 1, {CACHE_SALT_KEY: "tenant-1"})
@@ -152,8 +150,6 @@ def test_unmarked_requests_count_only_with_shared_sources_on(monkeypatch):
 def test_recycled_candidates_are_learned_per_pool(monkeypatch, cls):
     monkeypatch.setattr(logitspec, "PROPOSE_DEADLINE_S", 60.0)
     proposer = _proposer(cls, recycled=True, topk=8)
-    if cls is echo_proposer.EchoProposer:
-        proposer.planner.cost.set_curve([1, 64], [0.01, 0.01])  # verification is free
     logits = np.random.default_rng(0).standard_normal(VOCAB).astype(np.float32)
     _step(proposer, {
         "a": (_request(2, "tenant-1"), [3, 40, 41]),
