@@ -3,7 +3,12 @@
 """Summarise a test run's timing file (pytest --timing-json, tests/timing.py) as
 Markdown: seconds per tier, per module (with its vLLM starts) and the slowest tests.
 
-    python scripts/test_durations.py timing.json [--title "..."] > tests/DURATIONS.md
+    python scripts/test_durations.py timing.json [more.json ...] [--title "..."] > tests/DURATIONS.md
+    python scripts/test_durations.py timing.json --module-seconds tests/module_seconds.json
+
+Several files (the lanes of one run, scripts/test.sh) are summarised as one run.
+--module-seconds also writes each module's seconds outside the tp tier, which
+scripts/test_lanes.py balances the lanes with.
 """
 
 from __future__ import annotations
@@ -53,14 +58,29 @@ def render(rows: list[dict], title: str, top: int = 15) -> str:
     return "\n".join(out) + "\n"
 
 
+def module_seconds(rows: list[dict]) -> dict[str, float]:
+    """Seconds per module of the tests the lanes run (the tp tier runs alone after them)."""
+    out: dict[str, float] = collections.defaultdict(float)
+    for r in rows:
+        out[r["module"]] += 0.0 if "tp" in r["markers"] else r["seconds"]
+    return {m: round(s) for m, s in sorted(out.items())}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("timing_json")
+    ap.add_argument("timing_json", nargs="+")
     ap.add_argument("--title", default="Where the test suite's time goes")
+    ap.add_argument("--module-seconds", metavar="PATH",
+                    help="also write {module: seconds outside the tp tier} to PATH")
     args = ap.parse_args(argv)
-    with open(args.timing_json, encoding="utf-8") as f:
-        rows = json.load(f)
+    rows = []
+    for path in args.timing_json:
+        with open(path, encoding="utf-8") as f:
+            rows += json.load(f)
     sys.stdout.write(render(rows, args.title))
+    if args.module_seconds:
+        with open(args.module_seconds, "w", encoding="utf-8") as f:
+            f.write(json.dumps(module_seconds(rows), indent=1) + "\n")
     return 0
 
 
