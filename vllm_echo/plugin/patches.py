@@ -277,6 +277,32 @@ themselves off (same log line and counter) on a call they do not understand.
    Remove when: the worker sees ``cache_salt`` (on NewRequestData or the runner's
       CachedRequestState).
 
+12-14. Predicted Outputs (plugin/predicted_outputs.py; installed with entry 5, in the
+   processes that build an engine config for our methods: API servers, offline LLM)
+   What: 12. ``InputProcessor.process_inputs``: the value under ``PREDICTION_KEY``
+      ("vllm_echo_prediction") in ``extra_args`` (text or token ids) is checked
+      (vocabulary, at most ``max_model_len`` tokens; VLLMValidationError naming
+      ``prediction``) and becomes int32 bytes, on a clone of the params. 13.
+      ``ChatCompletionRequest.to_sampling_params`` / ``CompletionRequest.
+      to_sampling_params``: a client's value under that key (``vllm_xargs``) is
+      dropped, one warning per process. 14. ``OpenAIServingChat.create_chat_completion``
+      / ``OpenAIServingCompletion.create_completion``: ``prediction`` is checked (400
+      naming it) and tokenized off the event loop into the key;
+      ``chat_completion_full_generator``, ``chat_completion_stream_generator`` (the
+      usage chunk) and ``request_output_to_completion_response``: usage gets
+      ``accepted_prediction_tokens`` / ``rejected_prediction_tokens``.
+   Why: vLLM's request models keep unknown fields and ignore them (``prediction`` is
+      dropped today), and its usage has no prediction fields; ``extra_args`` is the
+      one per-request channel to the workers.
+   Upstream: v1/engine/input_processor.py:373 (process_inputs), openai/chat_completion/
+      protocol.py:715-783 (to_sampling_params), openai/chat_completion/serving.py:281,
+      466, 935, openai/completion/serving.py:109, 505, serve/engine/protocol.py:131.
+   Drift: each of the three parts that cannot be installed is left out with one log
+      line; the wrappers find the request by position, as vLLM passes it. Without 14 a
+      ``prediction`` is ignored as vLLM does today; without 13 a client could send its
+      own ids for its own request (checked by 12 and the worker: drafts only).
+   Remove when: vLLM accepts ``prediction`` and passes it to a speculative method.
+
 Private vLLM attributes read (vLLM 0.32 names), where, and what happens without them:
 
 - Runner, probed in ``load_model`` (runner/access.probe_runner):
@@ -394,11 +420,12 @@ def patch_create_engine_config() -> None:
     @functools.wraps(original)
     def create_engine_config(self, *args, **kwargs):
         vllm_config = original(self, *args, **kwargs)
-        from vllm_echo.plugin import config_shim, metrics
+        from vllm_echo.plugin import config_shim, metrics, predicted_outputs
 
         if metrics.uses_plugin(vllm_config):
             config_shim.refuse_unsupported_engine(vllm_config)
             metrics.install_collector(vllm_config)
+            predicted_outputs.install()
         return vllm_config
 
     setattr(create_engine_config, _MARK, True)

@@ -9,8 +9,9 @@ was. Rates are Beta posteriors per bucket:
   (``EchoTuning.match_edges``: a 1-gram guess and a copied passage differ);
 - "head" (a next-next candidate from the target's top-k), by its last-logit
   probability bucket;
-- "shared" (other requests' outputs) and "recycled" (the recycled-candidates table),
-  by depth bucket (vllm_echo.algos.draft_sources).
+- "shared" (other requests' outputs), "recycled" (the recycled-candidates table) and
+  "prediction" (the request's predicted output, algos/prediction.py), by depth bucket
+  (vllm_echo.algos.draft_sources).
 
 They learn from uncensored labels only: a verified node is a trial only if its parent
 was accepted (or it hangs off the root); it succeeds if its token is the one the target
@@ -69,7 +70,9 @@ def _path_products(parents, rates):
     return probs
 
 
-KINDS = ("retrieved", "head", "shared", "recycled")  # the bucket families
+# the bucket families; the last ones are the other origins, in draft_sources.ORIGIN_* order
+KINDS = ("retrieved", "head", "shared", "recycled", "prediction")
+_OTHER_KINDS = KINDS[2:]
 
 
 class AcceptanceModel:
@@ -83,13 +86,15 @@ class AcceptanceModel:
         self.num_retrieved = self._depth_edges.size * self._lengths
         self._head_edges = -np.asarray(tune.head_p_edges, dtype=np.float64)  # ascending
         self.num_heads = self._head_edges.size + 1
-        self._other_start = self.num_retrieved + self.num_heads  # shared, then recycled
-        size = self._other_start + 2 * self._depth_edges.size
+        self._other_start = self.num_retrieved + self.num_heads  # _OTHER_KINDS in order
+        depths = self._depth_edges.size
+        size = self._other_start + len(_OTHER_KINDS) * depths
         priors = np.empty((size, 2))
         priors[:self.num_retrieved] = tune.retrieved_prior
         priors[self.num_retrieved:self._other_start] = tune.head_prior
-        priors[self._other_start:self._other_start + self._depth_edges.size] = tune.shared_prior
-        priors[self._other_start + self._depth_edges.size:] = tune.recycled_prior
+        for j, prior in enumerate((tune.shared_prior, tune.recycled_prior,
+                                   tune.prediction_prior)):
+            priors[self._other_start + j * depths:self._other_start + (j + 1) * depths] = prior
         self._prior_a, self._prior_b = priors[:, 0].copy(), priors[:, 1].copy()
         # Origins beyond the request's own text whose drafts are offered (draft_sources)
         self.other_origins: tuple[int, ...] = ()
@@ -175,18 +180,19 @@ class AcceptanceModel:
 
     def table(self) -> dict[str, list[float]]:
         """Current rates (JSON-able): retrieved by depth bucket (x match-length class), heads
-        by probability bucket, shared and recycled by depth bucket."""
+        by probability bucket, the other origins by depth bucket."""
         retrieved = self.rates[:self.num_retrieved].reshape(-1, self._lengths)
         depths, start = self._depth_edges.size, self._other_start
 
         def rounded(values):
             return [round(float(x), 4) for x in values]
 
-        return {"retrieved": [rounded(row) for row in retrieved],
-                "head": rounded(self.rates[self.num_retrieved:start]),
-                "shared": rounded(self.rates[start:start + depths]),
-                "recycled": rounded(self.rates[start + depths:]),
-                "trials": [round(float(x), 1) for x in self.trials]}
+        out = {"retrieved": [rounded(row) for row in retrieved],
+               "head": rounded(self.rates[self.num_retrieved:start])}
+        for j, kind in enumerate(_OTHER_KINDS):
+            out[kind] = rounded(self.rates[start + j * depths:start + (j + 1) * depths])
+        out["trials"] = [round(float(x), 1) for x in self.trials]
+        return out
 
 
 def labels(parents: np.ndarray, tokens: np.ndarray, accepted: np.ndarray, next_token: int,

@@ -19,6 +19,9 @@ class EchoTuning:
     shared_prior: tuple[float, float] = (1.0, 1.0)
     # Beta prior of a recycled candidate (the target's earlier top-k after the same token).
     recycled_prior: tuple[float, float] = (0.5, 1.5)
+    # Beta prior of a token of the request's predicted output, which its client vouches
+    # for: confident drafts long chains from the first step, weaker stops a wrong one sooner.
+    prediction_prior: tuple[float, float] = (6.0, 1.0)
     # Lower edges of retrieved tokens' depth buckets: finer tells depths apart, coarser pools.
     depth_edges: tuple[int, ...] = (1, 2, 3, 4, 6, 9, 14)
     # Lower edges of retrieved tokens' match-length classes (the m of the lookup): finer

@@ -15,8 +15,9 @@ from typing import Any
 import numpy as np
 
 from vllm_echo.algos import echo
-from vllm_echo.algos.draft_sources import ORIGIN_RECYCLED, ORIGIN_SHARED
+from vllm_echo.algos.draft_sources import ORIGIN_PREDICTION, ORIGIN_RECYCLED, ORIGIN_SHARED
 from vllm_echo.algos.echo import Candidates, EchoPlanner, EchoTuning, Plan
+from vllm_echo.algos.echo.acceptance import KINDS
 from vllm_echo.plugin.proposers.logitspec import LogitSpecProposer
 from vllm_echo.plugin.runner.cost_probe import accepts, install_cost_probe
 from vllm_echo.plugin.runner.step_timer import StepTimer
@@ -27,6 +28,7 @@ logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and l
 _EMPTY = np.empty(0, dtype=np.int32)
 _NO_LOGP = np.empty(0, dtype=np.float32)
 _STATS_LOG_EVERY = 500  # steps between ECHO statistics log lines
+_PREDICTION_KIND = KINDS.index("prediction")
 
 
 class EchoProposer(LogitSpecProposer):
@@ -36,16 +38,16 @@ class EchoProposer(LogitSpecProposer):
         super().__init__(vllm_config)
         self.planner = EchoPlanner(EchoTuning(), trees=self.tree_enabled,
                                    k_max=self.settings.k_max)
-        self.planner.acceptance.other_origins = tuple(
+        self._engine_origins = tuple(
             origin for origin, on in ((ORIGIN_SHARED, self.sources.store is not None),
                                       (ORIGIN_RECYCLED, self.sources.recycled is not None))
             if on)
+        self.planner.acceptance.other_origins = self._engine_origins
         self._plans: dict[str, Plan] = {}
         self._reported_cost = False
         self._step_requests = 0  # requests decoding in the step being drafted
         self._drafting = False  # whether this step drafts at all
         self._timer = StepTimer(self.planner.cost.observe)  # feeds the step-cost curve
-        self.tree_context.record_paths = True  # the planner learns from tree verdicts
 
     def load_model(self, model: Any) -> None:
         super().load_model(model)
@@ -84,6 +86,11 @@ class EchoProposer(LogitSpecProposer):
         except Exception as exc:  # this step's verdicts are not learned from; drafting goes on
             self._log_failure("observe", exc)
         self.planner.trees = self.tree_enabled  # load_model or a drifted hook may turn it off
+        # predicted outputs count among the sources a step can draft from while a
+        # request that has one is in the batch (as of last step's states)
+        predicted = any(s.prediction is not None for s in self._states.values())
+        self.planner.acceptance.other_origins = self._engine_origins + (
+            (ORIGIN_PREDICTION,) if predicted else ())
         # Every request that decodes this step is a verified token, drafted or not.
         self._step_requests = sum(1 for s in sampled_token_ids if s)
         mode = self.planner.drafting_mode(self._step_requests)
@@ -123,6 +130,10 @@ class EchoProposer(LogitSpecProposer):
                     trees[req_id] = TreeDraft(tokens, parents)
                 self.stats.drafts[source] += 1
                 self.stats.tokens[source] += len(tokens)
+                predicted = int(np.count_nonzero(self._kinds(plan) == _PREDICTION_KIND))
+                if predicted:
+                    self.stats.prediction["drafts"] += 1
+                    self.stats.prediction["tokens"] += predicted
             out.append(tokens.tolist())
         self._log_progress()
         return out
@@ -148,16 +159,19 @@ class EchoProposer(LogitSpecProposer):
                     continue  # not a root path: nothing reliable to learn from
             if accepted:
                 self.stats.accepted[source] += accepted
+                self.stats.prediction["accepted"] += int(np.count_nonzero(
+                    self._kinds(plan)[np.asarray(path, dtype=np.int64)] == _PREDICTION_KIND))
             verdicts.append((plan, path, int(sampled[-1])))
         self.planner.observe(verdicts)
+
+    def _kinds(self, plan: Plan) -> np.ndarray:
+        """The bucket family (acceptance.KINDS) of each drafted node of ``plan``."""
+        return self.planner.acceptance.kinds(plan.cand_buckets[plan.keep])
 
     def _release_finished(self, live: dict[str, int]) -> None:
         super()._release_finished(live)
         for req_id in [r for r in self._plans if r not in live]:
             del self._plans[req_id]
-        last_paths = self.tree_context.last_paths
-        for req_id in [r for r in last_paths if r not in live]:
-            del last_paths[req_id]
 
     def _log_progress(self) -> None:
         if not self._reported_cost and self.planner.cost.steps:

@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 
 from vllm_echo.algos import recycled, shared_outputs, top_logprobs
-from vllm_echo.algos.draft_sources import (ORIGIN_RECYCLED, ORIGIN_SHARED, OtherSources,
-                                           with_branches)
+from vllm_echo.algos.draft_sources import (ORIGIN_PREDICTION, ORIGIN_RECYCLED, ORIGIN_SHARED,
+                                           OtherSources, prediction_first, with_branches)
 from vllm_echo.algos.forest import (SOURCE_LOGITS, SOURCE_RETRIEVAL, build_forest,
                                     build_forest_nodes, first_chain)
 from vllm_echo.algos.ngram_index import NgramIndex
+from vllm_echo.algos.prediction import Prediction
 from vllm_echo.algos.recycled import RecycledTables
 from vllm_echo.algos.shared_outputs import OutputStore
 from vllm_echo.algos.verify import verify_greedy_chains
@@ -30,6 +31,7 @@ from vllm_echo.plugin.attention import tree_support
 from vllm_echo.plugin.attention.flex_tree_attention import attach_to_builders
 from vllm_echo.plugin.config_shim import settings_from_vllm_config
 from vllm_echo.plugin.metrics import publish_worker_stats
+from vllm_echo.plugin.predicted_outputs import prediction_ids
 from vllm_echo.plugin.proposers.tp_drafts import RankZeroDrafts, tensor_parallel_group
 from vllm_echo.plugin.runner.access import find_runner, probe_runner
 from vllm_echo.plugin.runner.last_logits import LastLogitsTopK
@@ -46,6 +48,7 @@ SOURCE_TREE = 3
 SOURCE_CHAIN = 4  # ECHO: a root path its planner chose, verified natively as a chain
 SOURCE_SHARED = 5  # other requests' outputs (chain mode's fallback)
 SOURCE_RECYCLED = 6  # the recycled-candidates table (chain mode's fallback)
+SOURCE_PREDICTION = 7  # the request's predicted output (chain mode: before all others)
 # Nodes a forest keeps for branches from other requests' outputs and recycled candidates.
 OTHER_SOURCES_ROOM = 16
 # Candidates kept per token in the recycled table (Token Recycling keeps 8).
@@ -60,7 +63,8 @@ MAX_RECYCLED_POOLS = 16
 PROPOSE_DEADLINE_S = 0.1
 _NO_TOKENS = np.empty(0, dtype=np.int32)
 _SOURCE_NAMES = {SOURCE_RETRIEVAL: "retrieval", SOURCE_LOGITS: "logits", SOURCE_TREE: "tree",
-                 SOURCE_CHAIN: "chain", SOURCE_SHARED: "shared", SOURCE_RECYCLED: "recycled"}
+                 SOURCE_CHAIN: "chain", SOURCE_SHARED: "shared", SOURCE_RECYCLED: "recycled",
+                 SOURCE_PREDICTION: "prediction"}
 _ORIGIN_SOURCE = {ORIGIN_SHARED: SOURCE_SHARED, ORIGIN_RECYCLED: SOURCE_RECYCLED}
 
 
@@ -71,9 +75,12 @@ class DraftStats:
     Drafts are counted by source: "retrieval" (chain from the m-gram index),
     "logits" (chain led by a next-next candidate: the index found nothing),
     "shared" / "recycled" (chain from other requests' outputs / the recycled table),
-    "tree" (a forest verified as a tree), "chain" (ECHO: a root path of the forest,
-    verified natively). Accepted tokens are attributed to the source of the draft
-    they came from (ECHO's planner also counts them by node family).
+    "prediction" (chain from the request's predicted output), "tree" (a forest verified
+    as a tree), "chain" (ECHO: a root path of the forest, verified natively). Accepted
+    tokens are attributed to the source of the draft they came from (ECHO's planner
+    also counts them by node family). ``prediction`` counts, in every mode, requests
+    with a prediction, request-steps whose draft held predicted tokens, those tokens
+    and how many of them were accepted.
     """
 
     steps: int = 0
@@ -84,10 +91,13 @@ class DraftStats:
     # Requests without the scheduler's pool mark (patches.py entry 11) while shared
     # sources are on: they drafted from no shared pool.
     unmarked_requests: int = 0
+    prediction: dict = field(default_factory=lambda: dict.fromkeys(
+        ("requests", "drafts", "tokens", "accepted"), 0))
 
     def flat(self) -> dict[str, int]:
         out = {"steps": self.steps, "peak_tracked_requests": self.peak_tracked_requests,
-               "unmarked_requests": self.unmarked_requests}
+               "unmarked_requests": self.unmarked_requests,
+               **{f"prediction_{k}": v for k, v in self.prediction.items()}}
         for kind in ("drafts", "tokens", "accepted"):
             for source, value in getattr(self, kind).items():
                 out[f"{kind}_{source}"] = value
@@ -106,15 +116,19 @@ class _OutputCursor:
 
 
 class _RequestState:
-    __slots__ = ("owner", "index", "tree_ok", "last_len", "last_source", "pool")
+    __slots__ = ("owner", "index", "tree_ok", "last_len", "last_source", "pool",
+                 "prediction", "last_predicted")
 
-    def __init__(self, owner: Any, index: NgramIndex, tree_ok: bool, pool: int | None):
+    def __init__(self, owner: Any, index: NgramIndex, tree_ok: bool, pool: int | None,
+                 prediction: Prediction | None):
         self.owner = owner  # the runner's CachedRequestState: detects a reused request id
         self.index = index
         self.tree_ok = tree_ok  # sampling params allow tree verification
         self.last_len = 0  # the draft proposed last step, to attribute acceptances
         self.last_source = 0
         self.pool = pool  # its tenant's pool of the shared sources (None: no pool)
+        self.prediction = prediction  # its predicted output (None: the client sent none)
+        self.last_predicted = 0  # leading predicted nodes of last step's draft
 
 
 class LogitSpecProposer:
@@ -132,6 +146,7 @@ class LogitSpecProposer:
         self.settings = settings_from_vllm_config(vllm_config, self.method)
         self.num_speculative_tokens = vllm_config.speculative_config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
+        self.vocab_size = vllm_config.model_config.get_vocab_size()
         self._states: dict[str, _RequestState] = {}
         self._cursors: dict[str, _OutputCursor] = {}  # shared store: outputs given so far
         # req_id -> (owner, pool): each request's pool, resolved once (see _pool)
@@ -145,6 +160,8 @@ class LogitSpecProposer:
         # This engine's trees, step in flight and verdicts, shared with the runner
         # hooks and attention layers that load_model ties to it.
         self.tree_context = TreeContext(engine_seed=_engine_seed(vllm_config))
+        # accepted tree paths: ECHO learns from them; both count accepted predicted tokens
+        self.tree_context.record_paths = True
         self._runner: Any = _runner_creating_us()  # None: load_model looks again
         if self.settings.tree and self._runner is None:
             logger.warning("vllm-echo: tree verification unavailable (the proposer was not "
@@ -297,7 +314,7 @@ class LogitSpecProposer:
     def _draft_request(self, step: tuple, i: int, req_id: str, state: _RequestState,
                        max_len: int, accepted: int) -> Any:
         """Request ``i``'s draft (here its token ids; trees are recorded on the way)."""
-        self._count_accepted(state, accepted)
+        self._count_accepted(req_id, state, accepted)
         top_ids = None if step[0] is None else step[0][i]
         self.sources.learn_logits(state.pool, state.index.tokens, state.index.length, top_ids)
         tokens, source = self._draft(req_id, state, _NO_TOKENS if top_ids is None else top_ids,
@@ -313,14 +330,21 @@ class LogitSpecProposer:
                max_len: int) -> tuple[np.ndarray, int]:
         trees = self.tree_context.trees
         if self.tree_enabled and state.tree_ok:
-            nodes = self.forest(state, candidates, min(self.settings.capacity, max_len + 1))[0]
+            nodes, origin = self.forest(state, candidates,
+                                        min(self.settings.capacity, max_len + 1))
             tokens = nodes.token_ids
+            state.last_predicted = _leading_predicted(origin)
             if len(tokens):
                 trees[req_id] = TreeDraft(tokens, nodes.parents)
                 return tokens, SOURCE_TREE
             return tokens, 0
         if self.tree_enabled:  # a request that needs chain verification in tree mode
             max_len = min(max_len, DEFAULT_NUM_SPECULATIVE_TOKENS)
+        if state.prediction is not None:  # the client's text first
+            predicted = state.prediction.draft(state.index.tokens, state.index.length, max_len)
+            state.last_predicted = len(predicted)
+            if len(predicted):
+                return predicted, SOURCE_PREDICTION
         tokens, source = first_chain(state.index, candidates, max_len)
         if source != SOURCE_RETRIEVAL and self.sources.enabled:
             # the request's own text has no continuation: other requests' outputs, then
@@ -332,26 +356,44 @@ class LogitSpecProposer:
         return tokens, source
 
     def forest(self, state: _RequestState, candidates: np.ndarray, capacity: int):
-        """The request's candidate forest within ``capacity`` (counting the root):
-        LogitSpec's retrieved continuation, the other sources' branches (at most
-        OTHER_SOURCES_ROOM nodes), then next-next branches in what is left
-        (draft_sources.with_branches). Returns (ForestNodes, origin or None)."""
-        nodes = build_forest_nodes(state.index, candidates, capacity)
-        if not self.sources.enabled:
-            return nodes, None
-        extra = self.sources.branches(state.pool, state.index.tokens, state.index.length,
-                                      min(OTHER_SOURCES_ROOM, capacity - 1))
-        return with_branches(nodes, extra, capacity - 1)
+        """The request's candidate forest within ``capacity`` (counting the root): the
+        continuation of its predicted output if it has one, LogitSpec's retrieved
+        continuation, the other sources' branches (at most OTHER_SOURCES_ROOM nodes),
+        then next-next branches in what is left (draft_sources.with_branches,
+        prediction_first). Returns (ForestNodes, origin or None)."""
+        index = state.index
+        nodes = build_forest_nodes(index, candidates, capacity)
+        origin = None
+        if self.sources.enabled:
+            extra = self.sources.branches(state.pool, index.tokens, index.length,
+                                          min(OTHER_SOURCES_ROOM, capacity - 1))
+            nodes, origin = with_branches(nodes, extra, capacity - 1)
+        if state.prediction is not None:
+            predicted = state.prediction.draft(index.tokens, index.length, capacity - 1)
+            nodes, origin = prediction_first(nodes, origin, predicted,
+                                             state.prediction.match_len, capacity - 1)
+        return nodes, origin
 
-    def _count_accepted(self, state: _RequestState, accepted: int) -> None:
+    def _count_accepted(self, req_id: str, state: _RequestState, accepted: int) -> None:
+        path = self.tree_context.last_paths.pop(req_id, None)
         if state.last_len and accepted > 0 and state.last_source in _SOURCE_NAMES:
             self.stats.accepted[_SOURCE_NAMES[state.last_source]] += accepted
+        if state.last_predicted and accepted > 0:
+            # predicted nodes lead the draft as a chain: a chain's first ones, or a
+            # tree's accepted path while it stays on them
+            if path is None:
+                path = range(accepted)
+            self.stats.prediction["accepted"] += next(
+                (k for k, j in enumerate(path) if j >= state.last_predicted), len(path))
 
     def _count_draft(self, state: _RequestState, n: int, source: int) -> None:
         state.last_len, state.last_source = n, source
         if n and source in _SOURCE_NAMES:
             self.stats.drafts[_SOURCE_NAMES[source]] += 1
             self.stats.tokens[_SOURCE_NAMES[source]] += n
+        if n and state.last_predicted:
+            self.stats.prediction["drafts"] += 1
+            self.stats.prediction["tokens"] += min(state.last_predicted, n)
 
     def _sync_state(self, req_id: str, row: np.ndarray, length: int) -> _RequestState:
         """Bring the request's index up to ``row[:length]`` (only new tokens are indexed)."""
@@ -360,7 +402,8 @@ class LogitSpecProposer:
         if state is None or state.owner is not owner or state.index.length > length:
             state = _RequestState(owner, NgramIndex(self.settings.max_ngram, self.settings.span,
                                                     capacity_hint=length + 256),
-                                  self._tree_allowed(owner), self._pool(req_id, owner))
+                                  self._tree_allowed(owner), self._pool(req_id, owner),
+                                  self._prediction(owner))
             self._states[req_id] = state
         index = state.index
         if index.length < length:
@@ -389,6 +432,17 @@ class LogitSpecProposer:
             del self._cursors[req_id]
         for req_id in [r for r in self._pools if r not in live]:
             del self._pools[req_id]
+        last_paths = self.tree_context.last_paths
+        for req_id in [r for r in last_paths if r not in live]:
+            del last_paths[req_id]
+
+    def _prediction(self, owner: Any) -> Prediction | None:
+        """The request's predicted output (predicted_outputs.py), indexed; None without."""
+        ids = prediction_ids(getattr(owner, "sampling_params", None), self.vocab_size)
+        if ids is None:
+            return None
+        self.stats.prediction["requests"] += 1
+        return Prediction(ids[:self.max_model_len])
 
     def _pool(self, req_id: str, owner: Any) -> int | None:
         """The request's pool of the shared sources from the scheduler's mark (tenancy.py),
@@ -462,8 +516,18 @@ class LogitSpecProposer:
         return {**self.stats.flat(), **self.tree_context.counters,
                 "tree_enabled": self.tree_enabled, "tracked_requests": len(self._states),
                 "state_bytes": sum(s.index.nbytes for s in list(self._states.values())),
+                "prediction_bytes": sum(s.prediction.nbytes for s in list(self._states.values())
+                                        if s.prediction is not None),
                 **self.sources.nbytes,
                 "trees_held": len(self.tree_context.trees), "failures": dict(self.failures)}
+
+
+def _leading_predicted(origin: np.ndarray | None) -> int:
+    """How many nodes lead a forest as its predicted chain (prediction_first)."""
+    if origin is None or not len(origin) or origin[0] != ORIGIN_PREDICTION:
+        return 0
+    other = np.flatnonzero(origin != ORIGIN_PREDICTION)
+    return int(other[0]) if len(other) else len(origin)
 
 
 def _other_sources(settings: Any, vllm_config: Any) -> OtherSources:
