@@ -139,7 +139,7 @@ def measure(engines, workloads, batch: int, rounds: int) -> list[dict]:
 def overlap(tokenizer, items, reference_outputs) -> float:
     """Median share of each second answer's tokens that the alignment finds in the
     prediction (the first answer)."""
-    from vllm_echo.algos.prediction import usage_counts
+    from vllm_echo.algos.prediction_usage import usage_counts
 
     shares = []
     for (_, first), second in zip(items, reference_outputs):

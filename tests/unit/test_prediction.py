@@ -10,7 +10,8 @@ import pytest
 from vllm_echo.algos.draft_sources import (ORIGIN_OWN, ORIGIN_PREDICTION, ORIGIN_SHARED,
                                            prediction_first)
 from vllm_echo.algos.forest import ForestNodes
-from vllm_echo.algos.prediction import Prediction, usage_counts
+from vllm_echo.algos.prediction import Prediction
+from vllm_echo.algos.prediction_usage import usage_counts
 
 
 def _ids(*xs):

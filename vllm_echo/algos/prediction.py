@@ -12,12 +12,10 @@ tokens, earliest occurrence of each m-gram), and drafted from in two ways:
   ``min_match`` tokens, and drafting resumes after the match.
 
 It holds token ids only, of one request, and never enters a cross-request store.
-Also here: the usage counts OpenAI returns for a prediction (:func:`usage_counts`).
+The usage counts OpenAI returns for a prediction are in algos/prediction_usage.py.
 """
 
 from __future__ import annotations
-
-from difflib import SequenceMatcher
 
 import numpy as np
 
@@ -90,22 +88,3 @@ class Prediction:
         else:
             self.cursor, self.match_len = int(e), int(m)
         self.seen = length
-
-
-def usage_counts(prediction: list[int] | np.ndarray, output: list[int] | np.ndarray
-                 ) -> tuple[int, int]:
-    """(accepted, rejected) prediction tokens for one completion, OpenAI's usage fields.
-
-    accepted: the prediction's tokens that the completion contains in the same order
-    (the matching blocks of a longest-matching-block alignment, difflib's, without its
-    junk heuristic); rejected: the prediction's other tokens. Deterministic, needs
-    only the two token lists: O(n x m) in the worst case, milliseconds at a few
-    thousand tokens.
-    """
-    pred = [int(t) for t in prediction]
-    out = [int(t) for t in output]
-    if not pred:
-        return 0, 0
-    matcher = SequenceMatcher(None, pred, out, autojunk=False)
-    accepted = sum(block.size for block in matcher.get_matching_blocks())
-    return accepted, len(pred) - accepted

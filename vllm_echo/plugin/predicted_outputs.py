@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from vllm_echo.algos.prediction import usage_counts
+from vllm_echo.algos.prediction_usage import usage_counts
 
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
 
