@@ -47,6 +47,9 @@ class EchoProposer(LogitSpecProposer):
         self._reported_cost = False
         self._step_requests = 0  # requests decoding in the step being drafted
         self._drafting = False  # whether this step drafts at all
+        # whether a request with a predicted output drafted last step or is in the batch:
+        # only then are the prediction family and its counters looked at
+        self._predicting = False
         self._timer = StepTimer(self.planner.cost.observe)  # feeds the step-cost curve
 
     def load_model(self, model: Any) -> None:
@@ -88,9 +91,9 @@ class EchoProposer(LogitSpecProposer):
         self.planner.trees = self.tree_enabled  # load_model or a drifted hook may turn it off
         # predicted outputs count among the sources a step can draft from while a
         # request that has one is in the batch (as of last step's states)
-        predicted = any(s.prediction is not None for s in self._states.values())
+        self._predicting = any(s.prediction is not None for s in self._states.values())
         self.planner.acceptance.other_origins = self._engine_origins + (
-            (ORIGIN_PREDICTION,) if predicted else ())
+            (ORIGIN_PREDICTION,) if self._predicting else ())
         # Every request that decodes this step is a verified token, drafted or not.
         self._step_requests = sum(1 for s in sampled_token_ids if s)
         mode = self.planner.drafting_mode(self._step_requests)
@@ -110,6 +113,7 @@ class EchoProposer(LogitSpecProposer):
         top_ids, top_logp = step
         row_top = None if top_ids is None else top_ids[i]
         self.sources.learn_logits(state.pool, state.index.tokens, state.index.length, row_top)
+        self._predicting |= state.prediction is not None
         nodes, origin = self.forest(state, _EMPTY if top_logp is None else row_top,
                                     min(self.settings.capacity, max_len + 1))
         return Candidates(*nodes, head_logp=_NO_LOGP if top_logp is None else top_logp[i],
@@ -130,7 +134,8 @@ class EchoProposer(LogitSpecProposer):
                     trees[req_id] = TreeDraft(tokens, parents)
                 self.stats.drafts[source] += 1
                 self.stats.tokens[source] += len(tokens)
-                predicted = int(np.count_nonzero(self._kinds(plan) == _PREDICTION_KIND))
+                predicted = (int(np.count_nonzero(self._kinds(plan) == _PREDICTION_KIND))
+                             if self._predicting else 0)
                 if predicted:
                     self.stats.prediction["drafts"] += 1
                     self.stats.prediction["tokens"] += predicted
@@ -159,6 +164,7 @@ class EchoProposer(LogitSpecProposer):
                     continue  # not a root path: nothing reliable to learn from
             if accepted:
                 self.stats.accepted[source] += accepted
+            if accepted and self._predicting:  # last step's flag: _begin_step sets it after
                 self.stats.prediction["accepted"] += int(np.count_nonzero(
                     self._kinds(plan)[np.asarray(path, dtype=np.int64)] == _PREDICTION_KIND))
             verdicts.append((plan, path, int(sampled[-1])))
