@@ -2,16 +2,19 @@
 # SPDX-License-Identifier: Apache-2.0
 """Predicted Outputs: what a client's ``prediction`` buys, per workload and method.
 
-    python benchmarks/predicted_outputs.py                  # 6 prompts, 3 rounds, batch 1 8
-    python benchmarks/predicted_outputs.py --prompts 4 --rounds 1 --batch-sizes 1 --eager
+    python benchmarks/predicted_outputs.py              # 3 rounds at batch 1, 8 and 16
+    python benchmarks/predicted_outputs.py --prompts 4 --single-prompts 2 --rounds 1 \
+        --batch-sizes 1 4 --eager                        # a smoke run
 
 Workloads, built from the packaged Spec-Bench prompts (their sources and licences:
 vllm_echo/data/README.md) and the no-speculation engine's own greedy answers:
 
 - **regenerate**: a question was answered once; it is asked again with a changed
   instruction (``REGENERATE_SUFFIX``), the first answer as the prediction. The first
-  answer is not in the second prompt. The overlap reported is the share of each
-  second answer's tokens that the alignment finds in the first (usage_counts).
+  answer is not in the second prompt. The set keeps the questions, in the packaged
+  order, whose second answer shares at least ``MIN_OVERLAP`` of its tokens with the
+  first (the share the alignment of usage_counts finds; the median and the least
+  are reported): the case a client sends a prediction for.
 - **edit**: the prompt holds a text (a first answer) and asks for it back with a small
   change, as editors send it; the prediction is that text.
 - **wrong**: the regenerate prompts with another question's answer as the prediction
@@ -19,12 +22,13 @@ vllm_echo/data/README.md) and the no-speculation engine's own greedy answers:
 - **oracle**: the regenerate prompts with their own no-speculation answer as the
   prediction (a ceiling, measured once per round).
 
-Configurations: ``none``, ``echo`` and ``logitspec`` without a prediction, and
-``echo+p`` / ``logitspec+p`` with it (the same engines: a prediction is per request).
-Every engine lives for the whole run; at batch 1 the prompts go one at a time, each to
-every configuration in turn (the order rotated per prompt), so a slow stretch of the
-machine costs all alike; at batch b the workload's prompts go to each configuration
-b at a time. Ratios are paired by round. Every output is checked against ``none``'s.
+Configurations: ``none``, vLLM's ``ngram``, ``echo`` and ``logitspec`` without a
+prediction, and ``echo+p`` / ``logitspec+p`` with it (the same engines: a prediction is
+per request). Every engine lives for the whole run; at batch 1 the first
+``--single-prompts`` prompts go one at a time, each to every configuration in turn (the
+order rotated per prompt), so a slow stretch of the machine costs all alike; at batch b
+all ``--prompts`` go to each configuration b at a time (the order rotated per group).
+Ratios are paired by round. Every output is checked against ``none``'s.
 """
 
 from __future__ import annotations
@@ -42,35 +46,63 @@ import bench_common  # noqa: E402
 
 MAX_TOKENS = 96
 REGENERATE_SUFFIX = " Answer in full sentences."
+# The regenerate set's least share of a second answer's tokens found in the first.
+MIN_OVERLAP = 0.5
 EDIT_TEMPLATE = ("Copy the following text exactly, changing nothing but the first word to "
                  "'Indeed,'. Reply with the text only.\n\n{text}")
-ENGINES = {"none": None, "echo": {"method": "echo"}, "logitspec": {"method": "logitspec"}}
-CONFIGS = {"none": ("none", False), "echo": ("echo", False), "logitspec": ("logitspec", False),
-           "echo+p": ("echo", True), "logitspec+p": ("logitspec", True)}
+ENGINES = {"none": None,
+           "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+                     "prompt_lookup_max": 3},  # as in offline.py's matrix
+           "echo": {"method": "echo"}, "logitspec": {"method": "logitspec"}}
+CONFIGS = {"none": ("none", False), "ngram": ("ngram", False), "echo": ("echo", False),
+           "logitspec": ("logitspec", False), "echo+p": ("echo", True),
+           "logitspec+p": ("logitspec", True)}
 
 
 def chat(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
-def build_workloads(llm, n: int) -> dict[str, list[tuple[list[dict], str]]]:
-    """{workload: [(messages, prediction text)]}, from greedy answers of ``llm``."""
+def build_workloads(llm, n: int) -> tuple[dict[str, list[tuple[list[dict], str]]],
+                                         list[float]]:
+    """({workload: [(messages, prediction text)]}, the regenerate set's overlaps), from
+    greedy answers of ``llm``: the first ``n`` short Spec-Bench questions whose
+    regenerated answer shares at least MIN_OVERLAP of its tokens with the first."""
     from vllm import SamplingParams
 
     from vllm_echo import prompts
+    from vllm_echo.algos.prediction_usage import usage_counts
 
-    picked = [p for p in prompts.load(prompts.SPEC_BENCH) if len(p.text) < 600][:4 * n:4][:n]
+    candidates = [p for p in prompts.load(prompts.SPEC_BENCH) if len(p.text) < 600]
     greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
-    first = [o.outputs[0].text for o in llm.chat([p.as_chat() for p in picked], greedy,
-                                                 use_tqdm=False)]
+    tokenizer = llm.get_tokenizer()
+    picked, first, oracle, overlaps = [], [], [], []
+    for start in range(0, len(candidates), 4 * n):
+        chunk = candidates[start:start + 4 * n]
+        answers = llm.chat([p.as_chat() for p in chunk], greedy, use_tqdm=False)
+        again = llm.chat([chat(p.text + REGENERATE_SUFFIX) for p in chunk], greedy,
+                         use_tqdm=False)
+        for p, a, b in zip(chunk, answers, again):
+            ids = list(b.outputs[0].token_ids)
+            shared, _ = usage_counts(tokenizer.encode(a.outputs[0].text,
+                                                      add_special_tokens=False), ids)
+            if ids and shared / len(ids) >= MIN_OVERLAP and len(picked) < n:
+                picked.append(p)
+                first.append(a.outputs[0].text)
+                oracle.append(b.outputs[0].text)
+                overlaps.append(shared / len(ids))
+        if len(picked) == n:
+            break
+    if len(picked) < n:
+        raise SystemExit(f"only {len(picked)} questions have a regenerated answer sharing "
+                         f">= {MIN_OVERLAP} of its tokens with the first; ask for fewer")
     second = [chat(p.text + REGENERATE_SUFFIX) for p in picked]
-    oracle = [o.outputs[0].text for o in llm.chat(second, greedy, use_tqdm=False)]
     return {
         "regenerate": list(zip(second, first)),
         "edit": [(chat(EDIT_TEMPLATE.format(text=t)), t) for t in first],
         "wrong": [(m, first[(i + 1) % n]) for i, (m, _) in enumerate(zip(second, first))],
         "oracle": list(zip(second, oracle)),
-    }
+    }, overlaps
 
 
 def params(prediction: str | None):
@@ -101,19 +133,19 @@ def run_batch(llm, items, use_prediction: bool) -> tuple[float, list[list[int]],
     return seconds, [list(o.outputs[0].token_ids) for o in outs], steps1 - steps0, pred1 - pred0
 
 
-def measure(engines, workloads, batch: int, rounds: int) -> list[dict]:
+def measure(engines, workloads, batch: int, rounds: int, names: list[str]) -> list[dict]:
     rows = []
-    names = list(CONFIGS)
     for r in range(rounds):
         for workload, items in workloads.items():
             groups = [items[i:i + batch] for i in range(0, len(items), batch)]
             acc = {c: {"seconds": 0.0, "tokens": 0, "steps": 0, "accepted_predicted": 0,
                        "outputs": []} for c in names}
             for g, group in enumerate(groups):
-                order = names[g % len(names):] + names[:g % len(names)]
+                turn = (g + r) % len(names)  # rotated per group and per round
+                order = names[turn:] + names[:turn]
                 for config in order:
                     engine, with_p = CONFIGS[config]
-                    if workload == "oracle" and config in ("echo", "logitspec"):
+                    if workload == "oracle" and not with_p and config != "none":
                         continue  # the same as regenerate's
                     seconds, outs, steps, accepted = run_batch(engines[engine], group, with_p)
                     a = acc[config]
@@ -134,18 +166,6 @@ def measure(engines, workloads, batch: int, rounds: int) -> list[dict]:
             print(json.dumps([x for x in rows if x["round"] == r and x["workload"] == workload
                               and x["batch"] == batch], default=str), flush=True)
     return rows
-
-
-def overlap(tokenizer, items, reference_outputs) -> float:
-    """Median share of each second answer's tokens that the alignment finds in the
-    prediction (the first answer)."""
-    from vllm_echo.algos.prediction_usage import usage_counts
-
-    shares = []
-    for (_, first), second in zip(items, reference_outputs):
-        accepted, _ = usage_counts(tokenizer.encode(first, add_special_tokens=False), second)
-        shares.append(accepted / max(len(second), 1))
-    return statistics.median(shares)
 
 
 def summary(rows: list[dict]) -> list[str]:
@@ -176,9 +196,12 @@ def summary(rows: list[dict]) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("--prompts", type=int, default=16, help="questions at batch > 1")
+    ap.add_argument("--single-prompts", type=int, default=6, help="of them, at batch 1")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 16])
+    ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS),
+                    help="none is always measured (the reference)")
     ap.add_argument("--eager", action="store_true", help="engines without torch.compile")
     ap.add_argument("--json", type=Path, help="write every row and the summary here")
     args = ap.parse_args(argv)
@@ -190,29 +213,32 @@ def main(argv=None) -> int:
 
     from vllm_echo.models import default_model_path
 
+    configs = ["none"] + [c for c in args.configs if c != "none"]
     model = default_model_path()
     engines = {name: LLM(model, speculative_config=spec, dtype="float32", seed=0,
                          max_model_len=2048, enforce_eager=args.eager,
                          max_num_seqs=max(args.batch_sizes),
                          kv_cache_memory_bytes=512 * 2**20)
-               for name, spec in ENGINES.items()}
-    workloads = build_workloads(engines["none"], args.prompts)
-    _, regenerated, _, _ = run_batch(engines["none"], workloads["regenerate"], False)
-    share = overlap(engines["none"].get_tokenizer(), workloads["regenerate"], regenerated)
-    print(f"regenerate: median share of a second answer's tokens found in the first: "
-          f"{share:.2f}", flush=True)
+               for name, spec in ENGINES.items() if any(CONFIGS[c][0] == name for c in configs)}
+    workloads, overlaps = build_workloads(engines["none"], args.prompts)
+    print(f"regenerate: share of a second answer's tokens found in the first: median "
+          f"{statistics.median(overlaps):.2f}, least {min(overlaps):.2f}", flush=True)
     # one untimed pass of every configuration: compiled kernels, caches, ECHO's curve
-    for config, (engine, with_p) in CONFIGS.items():
+    for config in configs:
+        engine, with_p = CONFIGS[config]
         run_batch(engines[engine], workloads["wrong"][:1], with_p)
     rows = []
     for batch in args.batch_sizes:
-        rows += measure(engines, workloads, batch, args.rounds)
+        count = args.single_prompts if batch == 1 else args.prompts
+        rows += measure(engines, {w: items[:count] for w, items in workloads.items()},
+                        batch, args.rounds, configs)
     table = summary(rows)
     print("\n".join(table))
     if args.json:
         bench_common.write_json(args.json, {"environment": bench_common.environment("float32"),
-                                            "overlap_regenerate": share, "rows": rows,
-                                            "table": table})
+                                            "overlap_regenerate": statistics.median(overlaps),
+                                            "overlaps_regenerate": overlaps, "rows": rows,
+                                            "table": table, "args": sys.argv[1:]})
     return 0 if all(x["identical"] for x in rows) else 1
 
 

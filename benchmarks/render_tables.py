@@ -33,12 +33,14 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the example this checkout renders imports vllm_echo
 sys.path.insert(0, str(REPO / "benchmarks"))
 import matrix  # noqa: E402  (its cells' folder names)
+import predicted_outputs  # noqa: E402  (its summary table)
 PUBLISHED = REPO / "benchmarks" / "published"
 SOURCES = PUBLISHED / "sources.json"
 NOTES = PUBLISHED / "notes.json"
 
 # published name -> the file its script writes (inside a --publish folder, if one)
-RESULT_FILES = {"example": "example.json", "matrix": "matrix.json", "simulate": "simulate.json"}
+RESULT_FILES = {"example": "example.json", "matrix": "matrix.json", "simulate": "simulate.json",
+                "predicted_outputs": "predicted_outputs.json"}
 
 
 def _load(name: str) -> Any:
@@ -156,12 +158,23 @@ def render_replay() -> str:
             + "\n".join(rows) + "\n")
 
 
+def render_predicted_outputs() -> str:
+    """benchmarks/README.md: Predicted Outputs per workload, method and batch size."""
+    data = _load("predicted_outputs")
+    overlaps = data["overlaps_regenerate"]
+    return (f"Regenerate set: a second answer shares {min(overlaps):.2f} to {max(overlaps):.2f} "
+            f"of its tokens with the first (median {data['overlap_regenerate']:.2f}). "
+            + provenance("predicted_outputs") + "\n\n"
+            + "\n".join(predicted_outputs.summary(data["rows"])) + "\n")
+
+
 # table name -> (file, renderer)
 TABLES: dict[str, tuple[str, Callable[[], str]]] = {
     "example": ("README.md", render_example),
     "targets": ("benchmarks/README.md", render_targets),
     "methods": ("benchmarks/README.md", render_methods),
     "replay": ("benchmarks/README.md", render_replay),
+    "predicted_outputs": ("benchmarks/README.md", render_predicted_outputs),
 }
 
 

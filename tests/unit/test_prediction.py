@@ -25,9 +25,23 @@ def test_follows_the_prediction_while_the_output_copies_it():
     # two of the drafts accepted plus the bonus token 14: still copying
     context = _ids(1, 2, 10, 11, 12, 13, 14)
     assert pred.draft(context, 7, 10).tolist() == [15, 16]
-    assert pred.match_len == pred.index.max_ngram  # followed, not looked up
+    assert pred.match_len == 5  # the 2-gram anchor and the 3 tokens copied since
     context = _ids(1, 2, 10, 11, 12, 13, 14, 15, 16)
     assert pred.draft(context, 9, 4).tolist() == []  # the prediction is used up
+
+
+def test_an_output_that_starts_like_the_prediction_follows_it_from_its_first_token():
+    prompt = _ids(1, 2, 3)
+    pred = Prediction(_ids(10, 11, 12, 13), start=len(prompt))
+    # one output token, equal to the prediction's first: no m-gram needed
+    assert pred.draft(np.concatenate((prompt, _ids(10))), 4, 2).tolist() == [11, 12]
+    assert pred.match_len == 1
+    # without knowing where the output starts, one common token does not anchor
+    assert Prediction(_ids(10, 11, 12, 13)).draft(
+        np.concatenate((prompt, _ids(10))), 4, 2).tolist() == []
+    # an output that starts otherwise: nothing until an m-gram matches
+    other = Prediction(_ids(10, 11, 12, 13), start=len(prompt))
+    assert other.draft(np.concatenate((prompt, _ids(11))), 4, 2).tolist() == []
 
 
 def test_reanchors_after_an_edit():

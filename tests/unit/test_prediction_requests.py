@@ -113,7 +113,7 @@ def test_prediction_nodes_have_their_own_confident_family():
     assert set(model.kinds(pool.buckets).tolist()) == {KINDS.index("prediction")}
     a, b = tuning.prediction_prior
     assert pool.probs[0] == pytest.approx(a / (a + b))
-    assert model.table()["prediction"][0] == pytest.approx(a / (a + b), abs=1e-4)
+    assert model.table()["prediction"][0][0] == pytest.approx(a / (a + b), abs=1e-4)
     # the prior counts only while the predicted source is offered
     model.other_origins = (ORIGIN_PREDICTION,)
     assert model.best_first_rates()[0] == pytest.approx(a / (a + b))
@@ -121,3 +121,22 @@ def test_prediction_nodes_have_their_own_confident_family():
     for _ in range(5):
         model.observe(pool.buckets[:1], np.ones(1, bool), np.zeros(1, bool))
     assert model.node_probabilities(nodes)[0] < 0.6
+
+
+def test_prediction_rates_are_learned_apart_by_how_long_the_output_has_copied_it():
+    model = AcceptanceModel(EchoTuning())
+
+    def predicted(copied):
+        return Candidates(np.asarray([5, 6], np.int32), np.asarray([-1, 0], np.int32),
+                          np.full(2, copied, np.int32), np.full(2, -1, np.int32),
+                          np.empty(0), origin=np.full(2, ORIGIN_PREDICTION, np.int8))
+
+    reanchored, followed = predicted(2), predicted(20)
+    for _ in range(10):  # drafts right after a 2-gram re-anchor are rejected
+        model.observe(model.pool([reanchored]).buckets[:1], np.ones(1, bool), np.zeros(1, bool))
+    assert model.node_probabilities(reanchored)[0] < 0.4
+    # a prediction the output has followed for 20 tokens keeps its confident prior
+    a, b = EchoTuning().prediction_prior
+    assert model.node_probabilities(followed)[0] == pytest.approx(a / (a + b))
+    kinds = model.kinds(model.pool([reanchored, followed]).buckets)
+    assert set(kinds.tolist()) == {KINDS.index("prediction")}

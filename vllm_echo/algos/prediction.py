@@ -6,7 +6,8 @@ the previous answer). It is indexed once, like the prompt (an NgramIndex over it
 tokens, earliest occurrence of each m-gram), and drafted from in two ways:
 
 - **following**: while the output keeps copying the prediction, the next draft is the
-  prediction's text right after the copied part (a cursor, no lookup);
+  prediction's text right after the copied part (a cursor, no lookup). An output that
+  starts like the prediction follows it from its first token (no m-gram needed);
 - **re-anchoring**: once the output departs from it (an edit), the request's last
   tokens are looked up in the prediction's index, longest m-gram first, at least
   ``min_match`` tokens, and drafting resumes after the match.
@@ -34,19 +35,24 @@ _EMPTY = np.empty(0, dtype=np.int32)
 class Prediction:
     """One request's prediction: its index and where the output stands in it."""
 
-    __slots__ = ("index", "min_match", "cursor", "seen", "match_len")
+    __slots__ = ("index", "min_match", "start", "cursor", "seen", "match_len")
 
-    def __init__(self, token_ids: np.ndarray, max_ngram: int = PREDICTION_MAX_NGRAM,
-                 min_match: int = PREDICTION_MIN_MATCH):
+    def __init__(self, token_ids: np.ndarray, start: int | None = None,
+                 max_ngram: int = PREDICTION_MAX_NGRAM, min_match: int = PREDICTION_MIN_MATCH):
+        """``start``: the context position where the output begins (the prompt's
+        length); None when unknown (then only m-gram anchors start drafting)."""
         ids = np.ascontiguousarray(token_ids, dtype=np.int32)
         # span = the whole prediction: every occurrence keeps the earliest position, and
         # a continuation runs to the prediction's end
         self.index = NgramIndex(max_ngram, max(len(ids), 1), capacity_hint=len(ids))
         self.index.extend(ids)
         self.min_match = min_match
+        self.start = start
         self.cursor = -1  # position in the prediction the next output token should copy
         self.seen = 0  # context length the cursor refers to
-        self.match_len = 0  # m of the anchor the cursor came from (max_ngram: followed)
+        # tokens the output has copied from the prediction in a row, the anchor's m
+        # included: the evidence behind the next draft (ECHO prices drafts by it)
+        self.match_len = 0
 
     def __len__(self) -> int:
         return self.index.length
@@ -70,7 +76,7 @@ class Prediction:
             if end <= len(ids) and np.array_equal(ids[self.cursor:end],
                                                   context[self.seen:length]):
                 self.cursor, self.seen = end, length  # still copying the prediction
-                self.match_len = self.index.max_ngram
+                self.match_len += new
                 return ids[end:end + max_len]
         self._anchor(context, length)
         if self.cursor < 0:
@@ -78,6 +84,12 @@ class Prediction:
         return ids[self.cursor:self.cursor + max_len]
 
     def _anchor(self, context: np.ndarray, length: int) -> None:
+        self.seen = length
+        copied = length - self.start if self.start is not None else 0
+        if 0 < copied <= min(self.index.max_ngram, self.index.length) and np.array_equal(
+                self.token_ids[:copied], context[self.start:length]):
+            self.cursor = self.match_len = copied  # the output starts like the prediction
+            return
         index = self.index
         qlen = min(index.max_ngram, length)
         query = np.ascontiguousarray(context[length - qlen:length], dtype=np.int32)
@@ -87,4 +99,3 @@ class Prediction:
             self.cursor, self.match_len = -1, 0
         else:
             self.cursor, self.match_len = int(e), int(m)
-        self.seen = length

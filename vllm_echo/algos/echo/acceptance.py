@@ -9,9 +9,11 @@ was. Rates are Beta posteriors per bucket:
   (``EchoTuning.match_edges``: a 1-gram guess and a copied passage differ);
 - "head" (a next-next candidate from the target's top-k), by its last-logit
   probability bucket;
-- "shared" (other requests' outputs), "recycled" (the recycled-candidates table) and
-  "prediction" (the request's predicted output, algos/prediction.py), by depth bucket
-  (vllm_echo.algos.draft_sources).
+- "shared" (other requests' outputs) and "recycled" (the recycled-candidates table), by
+  depth bucket (vllm_echo.algos.draft_sources);
+- "prediction" (the request's predicted output, algos/prediction.py), by depth bucket and
+  the class of how many tokens in a row the output has copied from it (a 2-gram
+  re-anchor after an edit and a prediction followed for 20 tokens differ).
 
 They learn from uncensored labels only: a verified node is a trial only if its parent
 was accepted (or it hangs off the root); it succeeds if its token is the one the target
@@ -88,13 +90,17 @@ class AcceptanceModel:
         self.num_heads = self._head_edges.size + 1
         self._other_start = self.num_retrieved + self.num_heads  # _OTHER_KINDS in order
         depths = self._depth_edges.size
-        size = self._other_start + len(_OTHER_KINDS) * depths
+        # buckets per other kind: shared and recycled by depth; prediction by depth and
+        # match-length class, like a retrieved token
+        widths = np.array([depths, depths, depths * self._lengths], dtype=np.int64)
+        self._kind_starts = self._other_start + np.concatenate(([0], np.cumsum(widths)))
+        size = int(self._kind_starts[-1])
         priors = np.empty((size, 2))
         priors[:self.num_retrieved] = tune.retrieved_prior
         priors[self.num_retrieved:self._other_start] = tune.head_prior
         for j, prior in enumerate((tune.shared_prior, tune.recycled_prior,
                                    tune.prediction_prior)):
-            priors[self._other_start + j * depths:self._other_start + (j + 1) * depths] = prior
+            priors[self._kind_starts[j]:self._kind_starts[j + 1]] = prior
         self._prior_a, self._prior_b = priors[:, 0].copy(), priors[:, 1].copy()
         # Origins beyond the request's own text whose drafts are offered (draft_sources)
         self.other_origins: tuple[int, ...] = ()
@@ -109,31 +115,35 @@ class AcceptanceModel:
         """(best retrieved, best head) rate at depth 1: no node of a forest scores above
         the better one, and no head above the second."""
         first = self.rates[0:self._lengths].max()
-        depths = self._depth_edges.size
-        for origin in self.other_origins:
-            first = max(first, self.rates[self._other_start + (origin - 1) * depths])
+        for origin in self.other_origins:  # depth 1 is each kind's first row
+            start = self._kind_starts[origin - 1]
+            width = self._lengths if origin == len(_OTHER_KINDS) else 1
+            first = max(first, self.rates[start:start + width].max())
         return (float(first),
                 float(self.rates[self.num_retrieved:self._other_start].max()))
 
     def kinds(self, buckets: np.ndarray) -> np.ndarray:
         """Each bucket's index in KINDS."""
-        depths = self._depth_edges.size
         return np.where(buckets < self.num_retrieved, 0, np.where(
-            buckets < self._other_start, 1, 2 + (buckets - self._other_start) // depths))
+            buckets < self._other_start, 1,
+            1 + np.searchsorted(self._kind_starts, buckets, side="right")))
 
     def buckets(self, parents: np.ndarray, match_len: np.ndarray, rank: np.ndarray,
                 head_logp: np.ndarray, origin: np.ndarray | None = None) -> np.ndarray:
         """Each node's rate bucket (``parents`` global or local, parent-first)."""
         depth = _depths(parents)
         depth_bucket = np.searchsorted(self._depth_edges, depth, side="right") - 1
-        out = depth_bucket
-        if self._lengths > 1:
-            length_class = np.searchsorted(self._match_edges, match_len, side="right") - 1
-            out = out * self._lengths + np.maximum(length_class, 0)
+        length_class = np.maximum(
+            np.searchsorted(self._match_edges, match_len, side="right") - 1, 0)
+        out = depth_bucket * self._lengths + length_class
         if origin is not None and origin.any():
-            other = origin > 0
-            out[other] = (self._other_start + (origin[other].astype(np.int64) - 1)
-                          * self._depth_edges.size + depth_bucket[other])
+            kind = origin.astype(np.int64) - 1  # index in _OTHER_KINDS
+            other = kind >= 0
+            predicted = kind == len(_OTHER_KINDS) - 1
+            out[other] = self._kind_starts[kind[other]] + depth_bucket[other]
+            out[predicted] = (self._kind_starts[kind[predicted]]
+                              + depth_bucket[predicted] * self._lengths
+                              + length_class[predicted])
         heads = rank >= 0
         if heads.any():
             logp = np.asarray(head_logp, dtype=np.float64)[rank[heads]]
@@ -179,18 +189,21 @@ class AcceptanceModel:
         self.rates = self._posterior()
 
     def table(self) -> dict[str, list[float]]:
-        """Current rates (JSON-able): retrieved by depth bucket (x match-length class), heads
-        by probability bucket, the other origins by depth bucket."""
+        """Current rates (JSON-able): retrieved and prediction by depth bucket (x
+        match-length class), heads by probability bucket, shared and recycled by depth
+        bucket."""
         retrieved = self.rates[:self.num_retrieved].reshape(-1, self._lengths)
-        depths, start = self._depth_edges.size, self._other_start
 
         def rounded(values):
             return [round(float(x), 4) for x in values]
 
         out = {"retrieved": [rounded(row) for row in retrieved],
-               "head": rounded(self.rates[self.num_retrieved:start])}
+               "head": rounded(self.rates[self.num_retrieved:self._other_start])}
+        starts = self._kind_starts
         for j, kind in enumerate(_OTHER_KINDS):
-            out[kind] = rounded(self.rates[start + j * depths:start + (j + 1) * depths])
+            rates = self.rates[starts[j]:starts[j + 1]]
+            out[kind] = (rounded(rates) if kind != "prediction" else
+                         [rounded(row) for row in rates.reshape(-1, self._lengths)])
         out["trials"] = [round(float(x), 1) for x in self.trials]
         return out
 

@@ -442,7 +442,9 @@ class LogitSpecProposer:
         if ids is None:
             return None
         self.stats.prediction["requests"] += 1
-        return Prediction(ids[:self.max_model_len])
+        # where the output starts: an output that begins like the prediction follows it
+        # from its first token
+        return Prediction(ids[:self.max_model_len], start=getattr(owner, "num_prompt_tokens", None))
 
     def _pool(self, req_id: str, owner: Any) -> int | None:
         """The request's pool of the shared sources from the scheduler's mark (tenancy.py),
