@@ -22,7 +22,8 @@ from vllm import _custom_ops as ops
 from vllm import envs
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
-from vllm_echo.algos.tree import causal_prefix_length, uncovered_paths
+from vllm_echo.algos.tree import (causal_prefix_length, in_place_prefix, out_of_place,
+                                  uncovered_paths)
 from vllm_echo.plugin.runner import tree_state
 
 
@@ -160,8 +161,8 @@ class PathWaves:
             wave_rows.append((queries, q_lens, seq_lens, requests))
             write_rows.append(np.concatenate(writes))
             write_slots.append(np.concatenate(slots))
-        restores = np.concatenate([tree.query_start + np.flatnonzero(
-            held != np.arange(-1, len(held) - 1)) for tree, held in zip(trees, holds)])
+        restores = np.concatenate([tree.query_start + 1 + np.flatnonzero(
+            out_of_place(held[1:])) for tree, held in zip(trees, holds)])
         captured = np.concatenate([restores, *write_rows]).astype(np.int64)
         slots = slot_mapping.index_select(0, torch.from_numpy(
             np.concatenate([restores, *write_slots]).astype(np.int64)))
@@ -274,7 +275,7 @@ def compact_accepted_path(tree: tree_state.TreeRows, row_offset: int, path: list
     writing anything, unless every attention layer's K/V was captured.
     (``row_offset``, the tree's place among the step's tree rows, is the flex path's.)
     """
-    moves = [(k + 1, j + 1) for k, j in enumerate(path) if j != k]
+    moves = [(k + 1, path[k] + 1) for k in range(in_place_prefix(path), len(path))]
     if not moves:
         return
     missing = [layer.layer_name for layer in step.attention_layers

@@ -37,6 +37,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from vllm_echo.algos.tree import in_place_prefix
 from vllm_echo.ops.tree_mask import BITS_PER_WORD, build_tree_mask, num_mask_words
 from vllm_echo.plugin.runner import tree_state
 from vllm_echo.plugin.runner.tree_state import TreeContext
@@ -200,7 +201,7 @@ def compact_accepted_path(tree: tree_state.TreeRows, row_offset: int, path: list
     Node j was written at the slot of query row j+1; the k-th accepted node must sit
     at the slot of row k+1. ``step.slots`` holds the slots of every tree row.
     """
-    moves = [(k + 1, j + 1) for k, j in enumerate(path) if j != k]
+    moves = [(k + 1, path[k] + 1) for k in range(in_place_prefix(path), len(path))]
     if not moves:
         return
     slots = step.slots

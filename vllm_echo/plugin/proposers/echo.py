@@ -19,6 +19,7 @@ from vllm_echo.algos import echo
 from vllm_echo.algos.draft_sources import ORIGIN_PREDICTION, ORIGIN_RECYCLED, ORIGIN_SHARED
 from vllm_echo.algos.echo import Candidates, EchoPlanner, EchoTuning, Plan
 from vllm_echo.algos.echo.acceptance import KINDS
+from vllm_echo.algos.tree import is_chain
 from vllm_echo.plugin.proposers.base import Proposer
 from vllm_echo.plugin.proposers.request_state import RequestState
 from vllm_echo.plugin.proposers.sources import candidate_forest
@@ -165,8 +166,7 @@ class EchoProposer(Proposer):
             if path is None:  # verified by vLLM as a chain: the first nodes, in order
                 source = "chain"
                 path = list(range(accepted))
-                if not plan.is_chain and np.any(
-                        plan.parents[:accepted] != np.arange(-1, accepted - 1)):
+                if not plan.is_chain and not is_chain(plan.parents[:accepted]):
                     continue  # not a root path: nothing reliable to learn from
             if accepted:
                 self.stats.accepted[source] += accepted

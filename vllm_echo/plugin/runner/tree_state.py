@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from vllm_echo.algos.tree import tree_depths
+from vllm_echo.algos.tree import is_chain, tree_depths
 
 
 @dataclass
@@ -164,7 +164,7 @@ def tree_rows(req_id: str, req_idx: int, query_start: int, context_len: int, dra
     parents = draft.parents[:n]
     if len(parents) != n or np.any(parents < -1) or np.any(parents >= np.arange(n)):
         return None  # not a parent-first tree over these nodes: verify as the chain it is
-    if np.array_equal(parents, np.arange(-1, n - 1, dtype=parents.dtype)):
+    if is_chain(parents):
         return None
     return TreeRows(req_id, req_idx, query_start, context_len, draft.token_ids[:n].copy(), parents)
 

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import xxhash
 
+from vllm_echo.algos.tree import in_place_prefix
 from vllm_echo.algos.verify import verify_greedy, verify_sampling
 from vllm_echo.plugin.runner.greedy_shortcut import row_argmax
 from vllm_echo.plugin.runner.tree_state import StepTrees, TreeContext, TreeRows
@@ -161,7 +162,7 @@ def _write_rows(tree_context: TreeContext, step: StepTrees | None, outcome: dict
         path, next_token = verdict.path, verdict.next_token
         if code == CUT:
             counters["tree_paths_cut"] += 1
-            in_place = next((k for k, j in enumerate(path) if j != k), len(path))
+            in_place = in_place_prefix(path)
             if in_place < len(path):
                 path = path[:in_place]
                 # the verdict's next token belonged to the cut path: resample safely
@@ -170,7 +171,7 @@ def _write_rows(tree_context: TreeContext, step: StepTrees | None, outcome: dict
                 if next_token is None:
                     path, next_token = [], int(sampled[req_idx, 0])
         counters["tree_verifications"] += 1
-        counters["tree_compactions"] += any(j != k for k, j in enumerate(path))
+        counters["tree_compactions"] += in_place_prefix(path) < len(path)
         last = path[-1] + 1 if path else 0
         if next_token is None:
             next_token = int(verdict.argmax[last])
