@@ -46,8 +46,8 @@ def dropping_a_layer_capture(compact):
 
     def compact_with_missing_layer(tree, row_offset, path, step):
         moves = any(j != k for k, j in enumerate(path))
-        if moves and next(calls) % 2 == 0 and step.captured:
-            step.captured.pop(next(iter(step.captured)))
+        if moves and next(calls) % 2 == 0 and step.cpu.captured:
+            step.cpu.captured.pop(next(iter(step.cpu.captured)))
         return compact(tree, row_offset, path, step)
     return compact_with_missing_layer
 

@@ -73,7 +73,7 @@ class Proposer:
         # hooks and attention layers that load_model ties to it.
         self.tree_context = TreeContext(engine_seed=_engine_seed(vllm_config))
         # accepted tree paths: ECHO learns from them; both count accepted predicted tokens
-        self.tree_context.record_paths = True
+        self.tree_context.accepted_paths.record = True
         self._runner: Any = _runner_creating_us()  # None: load_model looks again
         if self.settings.tree and self._runner is None:
             logger.warning("vllm-echo: tree verification unavailable (the proposer was not "
@@ -130,10 +130,10 @@ class Proposer:
             return
         if runner is not self._runner:  # not found in __init__: no CPU tree backend
             self._runner, self.tree_enabled = runner, False
-        if self.tree_context.mode is None:  # tree_support found no tree attention
+        if self.tree_context.attention.mode is None:  # tree_support found no tree attention
             self.tree_enabled = False
         problems = probe_runner(self._runner,
-                                flex=self.tree_context.compacts_by_slot)
+                                flex=self.tree_context.attention.compacts_by_slot)
         if "runner state" in problems:
             self._no_spec = problems["runner state"]
             self.failures.unavailable("runner state", self._no_spec, "no speculation")
@@ -181,7 +181,7 @@ class Proposer:
             self._timer = StepTimer(self.observe_step_cost)
         if self.tree_enabled or self._timer is not None:
             on_first_step = self._attach_flex_mask if (
-                self.tree_enabled and context.compacts_by_slot) else None
+                self.tree_enabled and context.attention.compacts_by_slot) else None
             install_prepare_hook(self._runner, context, self.failures.failed,
                                  self._hook_drifted, self._timer, on_first_step)
         if sample_hook:
@@ -261,9 +261,9 @@ class Proposer:
         """Free the state of every request that left the batch (finished or preempted)."""
         for req_id in self.requests.release_finished(live):
             self.tree_context.trees.pop(req_id, None)
-        last_paths = self.tree_context.last_paths
-        for req_id in [r for r in last_paths if r not in live]:
-            del last_paths[req_id]
+        paths = self.tree_context.accepted_paths.by_request
+        for req_id in [r for r in paths if r not in live]:
+            del paths[req_id]
 
     def _attach_flex_mask(self) -> None:
         """The runner's first step: its FLEX_ATTENTION builders exist now (they are

@@ -158,7 +158,7 @@ class EchoProposer(Proposer):
         for i, sampled in enumerate(sampled_token_ids):
             req_id = req_ids[i]
             plan = self._plans.pop(req_id, None)
-            path = self.tree_context.last_paths.pop(req_id, None)
+            path = self.tree_context.accepted_paths.by_request.pop(req_id, None)
             if plan is None or not sampled:
                 continue
             accepted = len(sampled) - 1

@@ -92,7 +92,7 @@ class LogitSpecProposer(Proposer):
         return tokens, source
 
     def _count_accepted(self, req_id: str, state: RequestState, accepted: int) -> None:
-        path = self.tree_context.last_paths.pop(req_id, None)
+        path = self.tree_context.accepted_paths.by_request.pop(req_id, None)
         if state.last_len and accepted > 0 and state.last_source in SOURCE_NAMES:
             self.stats.accepted[SOURCE_NAMES[state.last_source]] += accepted
         if state.last_predicted and accepted > 0:
