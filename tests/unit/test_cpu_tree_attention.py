@@ -15,7 +15,7 @@ from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
 from vllm_echo.algos.tree import ancestor_mask, causal_prefix_length, uncovered_paths
 from vllm_echo.plugin.attention.cpu_tree_attention import PathWaves, compact_accepted_path
-from vllm_echo.plugin.runner.tree_state import StepTrees, TreeDraft, tree_rows
+from vllm_echo.plugin.runner.tree_state import CpuStep, StepTrees, TreeDraft, tree_rows
 
 HEADS, KV_HEADS, HEAD_SIZE, BLOCK_SIZE, NUM_BLOCKS = 4, 2, 64, 32, 24
 
@@ -111,8 +111,8 @@ def test_tree_rows_match_attention_over_context_and_root_path(dtype):
 
     # request 1 accepts nodes 3 and 4 (off its first branch): compaction writes their
     # K/V from the capture to the slots of its rows 1 and 2, and nothing else
-    step = StepTrees(trees, None, attention_layers=[layer], cpu_waves=waves,
-                     captured={"layer0": (layer, impl, k_cap, v_cap, kv_cache)})
+    step = StepTrees(trees, None, cpu=CpuStep(
+        [layer], captured={"layer0": (layer, impl, k_cap, v_cap, kv_cache)}, waves=waves))
     compact_accepted_path(trees[0], 0, [3, 4], step)
     qs = int(query_start[1])
     want = cache_as_written.clone()

@@ -15,7 +15,7 @@ from vllm_echo.algos.forest import ForestNodes
 from vllm_echo.config import ADDITIONAL_CONFIG_KEY
 from vllm_echo.algos.pools import UNSALTED_POOL, pool_id
 from vllm_echo.plugin.proposers import echo as echo_proposer
-from vllm_echo.plugin.proposers import logitspec
+from vllm_echo.plugin.proposers import failures, logitspec
 from vllm_echo.plugin.tenancy import CACHE_SALT_KEY, mark_request
 
 K = 4
@@ -78,7 +78,7 @@ PROMPT = [5, 6, 7, 8]
 
 @pytest.mark.parametrize("cls", [logitspec.LogitSpecProposer, echo_proposer.EchoProposer])
 def test_outputs_are_shared_only_within_a_cache_salt(monkeypatch, cls):
-    monkeypatch.setattr(logitspec, "PROPOSE_DEADLINE_S", 60.0)
+    monkeypatch.setattr(failures, "PROPOSE_DEADLINE_S", 60.0)
     proposer = _proposer(cls, shared_outputs=True, shared_outputs_mib=1)
     _step(proposer, {"a": (_request(len(PROMPT), "tenant-1"), PROMPT + ANSWER)})
     asking = PROMPT + [1, 2] + ANSWER[:4]  # prompt PROMPT + [1, 2, 150, 151, 152], one output
@@ -99,7 +99,7 @@ def test_outputs_are_shared_only_within_a_cache_salt(monkeypatch, cls):
 def test_a_client_sent_salt_reaches_no_pool(monkeypatch, cls):
     """A tenant-1 salt string in extra_args (what a client's vllm_xargs become) is not a
     mark: that request neither drafts tenant-1's outputs nor writes into its pool."""
-    monkeypatch.setattr(logitspec, "PROPOSE_DEADLINE_S", 60.0)
+    monkeypatch.setattr(failures, "PROPOSE_DEADLINE_S", 60.0)
     proposer = _proposer(cls, shared_outputs=True, shared_outputs_mib=1)
     _step(proposer, {"a": (_request(len(PROMPT), "tenant-1"), PROMPT + ANSWER)})
     asking = PROMPT + [1, 2] + ANSWER[:4]
@@ -125,7 +125,7 @@ def test_a_client_sent_salt_reaches_no_pool(monkeypatch, cls):
 
 
 def test_a_request_without_a_mark_drafts_from_no_pool(monkeypatch):
-    monkeypatch.setattr(logitspec, "PROPOSE_DEADLINE_S", 60.0)
+    monkeypatch.setattr(failures, "PROPOSE_DEADLINE_S", 60.0)
     proposer = _proposer(logitspec.LogitSpecProposer, shared_outputs=True, shared_outputs_mib=1)
     _step(proposer, {"a": (_request(len(PROMPT), None), PROMPT + ANSWER)})  # the unsalted pool
     assert proposer.snapshot()["unmarked_requests"] == 0
@@ -139,7 +139,7 @@ def test_a_request_without_a_mark_drafts_from_no_pool(monkeypatch):
 
 
 def test_unmarked_requests_count_only_with_shared_sources_on(monkeypatch):
-    monkeypatch.setattr(logitspec, "PROPOSE_DEADLINE_S", 60.0)
+    monkeypatch.setattr(failures, "PROPOSE_DEADLINE_S", 60.0)
     proposer = _proposer(logitspec.LogitSpecProposer)
     row = PROMPT + [1, 2, 3]
     _step(proposer, {"unmarked": (_unmarked_request(len(PROMPT), None), row)})
@@ -148,7 +148,7 @@ def test_unmarked_requests_count_only_with_shared_sources_on(monkeypatch):
 
 @pytest.mark.parametrize("cls", [logitspec.LogitSpecProposer, echo_proposer.EchoProposer])
 def test_recycled_candidates_are_learned_per_pool(monkeypatch, cls):
-    monkeypatch.setattr(logitspec, "PROPOSE_DEADLINE_S", 60.0)
+    monkeypatch.setattr(failures, "PROPOSE_DEADLINE_S", 60.0)
     proposer = _proposer(cls, recycled=True, topk=8)
     logits = np.random.default_rng(0).standard_normal(VOCAB).astype(np.float32)
     _step(proposer, {
@@ -164,7 +164,7 @@ def test_recycled_candidates_are_learned_per_pool(monkeypatch, cls):
 
 
 def test_recycled_candidates_draft_only_in_their_pool(monkeypatch):
-    monkeypatch.setattr(logitspec, "PROPOSE_DEADLINE_S", 60.0)
+    monkeypatch.setattr(failures, "PROPOSE_DEADLINE_S", 60.0)
     proposer = _proposer(logitspec.LogitSpecProposer, recycled=True, topk=8)
     logits = np.random.default_rng(0).standard_normal(VOCAB).astype(np.float32)
     _step(proposer, {"a": (_request(2, "tenant-1"), [3, 40, 41])}, top_k={"a": logits})
@@ -177,7 +177,7 @@ def test_recycled_candidates_draft_only_in_their_pool(monkeypatch):
 
 
 def test_the_prompt_is_not_shared(monkeypatch):
-    monkeypatch.setattr(logitspec, "PROPOSE_DEADLINE_S", 60.0)
+    monkeypatch.setattr(failures, "PROPOSE_DEADLINE_S", 60.0)
     proposer = _proposer(logitspec.LogitSpecProposer, shared_outputs=True, shared_outputs_mib=1)
     secret = [90, 91, 92, 93, 94, 95]
     _step(proposer, {"a": (_request(len(secret) + 1, None), secret + [1, 2])})
@@ -186,7 +186,7 @@ def test_the_prompt_is_not_shared(monkeypatch):
 
 
 def test_the_recycled_table_learns_the_targets_top_k(monkeypatch):
-    monkeypatch.setattr(logitspec, "PROPOSE_DEADLINE_S", 60.0)
+    monkeypatch.setattr(failures, "PROPOSE_DEADLINE_S", 60.0)
     proposer = _proposer(logitspec.LogitSpecProposer, recycled=True, topk=8)
     rng = np.random.default_rng(0)
     logits = rng.standard_normal(VOCAB).astype(np.float32)

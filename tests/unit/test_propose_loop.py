@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Both methods draft through one per-request loop (LogitSpecProposer._propose): a
+"""Both methods draft through one per-request loop (base.Proposer._propose): a
 request whose drafting fails goes without drafts this step, the others keep theirs."""
 
 from types import SimpleNamespace
@@ -9,7 +9,7 @@ import pytest
 
 from vllm_echo.config import ADDITIONAL_CONFIG_KEY
 from vllm_echo.plugin.proposers import echo as echo_proposer
-from vllm_echo.plugin.proposers import logitspec
+from vllm_echo.plugin.proposers import failures, logitspec, sources
 
 K = 4
 # Three requests whose contexts repeat, so the m-gram index always has a continuation;
@@ -52,19 +52,21 @@ def _propose(proposer):
 @pytest.mark.parametrize("method", ["logitspec", "echo"])
 def test_a_failing_request_drops_only_its_own_drafts(monkeypatch, method):
     # Not the step's drafting deadline: a slow first call (logging the fault) is no fault.
-    monkeypatch.setattr(logitspec, "PROPOSE_DEADLINE_S", 60.0)
+    monkeypatch.setattr(failures, "PROPOSE_DEADLINE_S", 60.0)
     cls = logitspec.LogitSpecProposer if method == "logitspec" else echo_proposer.EchoProposer
     proposer = _proposer(cls, method)
     proposer._warm_up()
     if method == "echo":
         proposer.planner.cost.set_curve([1, 64], [0.01, 0.01])  # drafting is free
-    name = "first_chain" if method == "logitspec" else "build_forest_nodes"
+    # where each method's drafting calls it (chain mode: LogitSpec's chain, ECHO's forest)
+    module, name = (logitspec, "first_chain") if method == "logitspec" else \
+        (sources, "build_forest_nodes")
     with monkeypatch.context() as patch:
-        patch.setattr(logitspec, name, _failing_on_marker(getattr(logitspec, name)))
+        patch.setattr(module, name, _failing_on_marker(getattr(module, name)))
         drafts = _propose(proposer)
     assert drafts[1] == []
     assert drafts[0] and drafts[2], drafts  # the rest of the batch still speculates
     assert drafts[0] == [6, 1, 2, 3][:len(drafts[0])]
-    assert proposer.failures == {"propose:RuntimeError": 1}
+    assert proposer.failures.counts == {"propose:RuntimeError": 1}
     # The next step, without the fault, drafts for all three again.
     assert all(_propose(proposer))

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from vllm_echo.algos.tree import (ancestor_mask, children_lists, is_chain,
-                                  path_to, tree_depths, validate_parents,
+from vllm_echo.algos.tree import (ancestor_mask, children_lists, in_place_prefix, is_chain,
+                                  out_of_place, path_to, tree_depths, validate_parents,
                                   validate_tree)
 
 # LogitSpec-style tree: chain [c1, c2, c3], branch [x, y], branch [z].
@@ -110,6 +110,33 @@ def test_is_chain():
     assert not is_chain(STAR_PARENTS)
     assert not is_chain(LOGITSPEC_PARENTS)
     assert not is_chain([-1, 0, 0])
+    # the callers' arrays: int32 parents, a plan's first accepted nodes, any length
+    assert is_chain(np.array([-1, 0, 1], np.int32))
+    assert is_chain(np.array(LOGITSPEC_PARENTS, np.int32)[:3])
+    assert not is_chain(np.array(LOGITSPEC_PARENTS, np.int32)[:4])
+    assert not is_chain([0])  # malformed: no chain
+    assert not is_chain([-1, 1])
+
+
+def test_in_place_prefix_of_root_paths():
+    # root paths of LOGITSPEC_PARENTS: node k in place at depth k + 1 iff path[k] == k
+    assert in_place_prefix([]) == 0
+    assert in_place_prefix([0, 1, 2]) == 3  # the first branch: all in place
+    assert in_place_prefix([0, 1]) == 2
+    assert in_place_prefix([3, 4]) == 0  # the second branch: none
+    assert in_place_prefix([5]) == 0
+    assert in_place_prefix([0, 2]) == 1  # left the first branch at depth 2
+    for path in ([0, 1, 2], [3, 4], [5], [0, 2], []):
+        assert in_place_prefix(path) == len(path) - int(out_of_place(np.array(path)).sum())
+
+
+def test_out_of_place_marks_each_place():
+    # what each place of a chain holds after waves moved other nodes there
+    np.testing.assert_array_equal(out_of_place(np.array([0, 1, 2])), [False, False, False])
+    np.testing.assert_array_equal(out_of_place(np.array([3, 4, 2])), [True, True, False])
+    np.testing.assert_array_equal(out_of_place(np.array([0, 4, 5, 3])),
+                                  [False, True, True, False])
+    assert out_of_place(np.array([], np.int64)).shape == (0,)
 
 
 def test_children_lists_are_row_indexed():

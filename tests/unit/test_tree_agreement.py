@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_echo.plugin.runner.tree_state import StepTrees, TreeContext, TreeDraft, tree_rows
+from vllm_echo.plugin.runner.tree_state import (StepTrees, TreeAttention, TreeContext, TreeDraft,
+                                                tree_rows)
 from vllm_echo.plugin.runner.tree_verdicts import CUT, FAILED, WHOLE, finish_tree_step
 
 VOCAB = 32
@@ -57,7 +58,7 @@ class Ranks:
 
 def _run_rank(agree, *, compaction_fails=False, step_fails=False, prepare_fails=False):
     """One rank's tree stage; returns its rows, counters and logged failures."""
-    context = TreeContext(mode="cpu", agree=agree)
+    context = TreeContext(attention=TreeAttention(mode="cpu"), agree=agree)
     context.trees["a"] = TreeDraft(TOKENS, PARENTS)
     rows = tree_rows("a", 0, 0, 5, context.trees["a"], TOKENS.tolist())
     context.step = StepTrees([], None, failed=True) if prepare_fails \

@@ -15,8 +15,9 @@ from vllm_echo.plugin.runner.last_logits import LastLogitsTopK
 from vllm_echo.plugin.runner.sample_hook import install_sample_hook
 from vllm_echo.plugin.runner.prepare_hook import install_prepare_hook
 from vllm_echo.plugin.runner.tree_verdicts import finish_tree_step
-from vllm_echo.plugin.runner.tree_state import (StepTrees, TreeContext, TreeDraft, attach_to_runner,
-                                         context_of_runner, tree_rows)
+from vllm_echo.plugin.runner.tree_state import (AcceptedPaths, StepTrees, TreeAttention,
+                                                TreeContext, TreeDraft, attach_to_runner,
+                                                context_of_runner, tree_rows)
 
 VOCAB = 32
 CONTEXT_LEN = 5  # tokens of the request already in the KV cache
@@ -98,7 +99,7 @@ def _sample(runner: StandInRunner, argmax_per_row: list[int],
 
 
 def test_two_engines_keep_their_own_trees_steps_verdicts_and_counters():
-    context_a, context_b = TreeContext(record_paths=True), TreeContext()
+    context_a, context_b = TreeContext(accepted_paths=AcceptedPaths(record=True)), TreeContext()
     compactions: list = []
     runner_a = _hooked("a", context_a, compactions)
     runner_b = _hooked("b", context_b, compactions)
@@ -126,7 +127,7 @@ def test_two_engines_keep_their_own_trees_steps_verdicts_and_counters():
                                   "greedy_verified_steps": 1}
     assert _counts(context_b) == {"tree_verifications": 0, "tree_compactions": 0,
                                   "greedy_verified_steps": 0}
-    assert context_a.last_paths == {"a": [2]}
+    assert context_a.accepted_paths.by_request == {"a": [2]}
     assert runner_a.rejection_sampler_calls == 0  # a step of greedy trees only
 
     # B: the first branch, already in place
@@ -136,7 +137,7 @@ def test_two_engines_keep_their_own_trees_steps_verdicts_and_counters():
                                   "greedy_verified_steps": 1}
     assert _counts(context_a) == {"tree_verifications": 1, "tree_compactions": 1,
                                   "greedy_verified_steps": 1}
-    assert context_b.last_paths == {}  # B's proposer asked for no verdicts
+    assert context_b.accepted_paths.by_request == {}  # B's proposer asked for no verdicts
     assert compactions == [("a", [2]), ("b", [0, 1])]  # each step compacts its own tree
 
 
@@ -157,7 +158,7 @@ def test_a_context_without_trees_leaves_the_step_empty():
 
 
 def test_a_flex_step_whose_mask_was_never_built_accepts_no_draft():
-    context = TreeContext(mode="flex")
+    context = TreeContext(attention=TreeAttention(mode="flex"))
     draft = TreeDraft(np.array([10, 11, 20], dtype=np.int32), PARENTS)
     rows = tree_rows("a", 0, 0, CONTEXT_LEN, draft, [10, 11, 20])
     context.step = StepTrees([rows], torch.arange(4))  # mask_tables never set

@@ -8,7 +8,7 @@ import itertools
 import time
 
 from vllm_echo.plugin.attention import cpu_tree_attention, flex_tree_attention
-from vllm_echo.plugin.proposers import logitspec as proposer
+from vllm_echo.plugin.proposers import failures, logitspec, sources
 from vllm_echo.plugin.runner import access, tree_verdicts
 
 
@@ -35,7 +35,7 @@ def _raise():
 
 
 def _stall():
-    time.sleep(1.5 * proposer.PROPOSE_DEADLINE_S)
+    time.sleep(1.5 * failures.PROPOSE_DEADLINE_S)
 
 
 def dropping_a_layer_capture(compact):
@@ -46,27 +46,27 @@ def dropping_a_layer_capture(compact):
 
     def compact_with_missing_layer(tree, row_offset, path, step):
         moves = any(j != k for k, j in enumerate(path))
-        if moves and next(calls) % 2 == 0 and step.captured:
-            step.captured.pop(next(iter(step.captured)))
+        if moves and next(calls) % 2 == 0 and step.cpu.captured:
+            step.cpu.captured.pop(next(iter(step.cpu.captured)))
         return compact(tree, row_offset, path, step)
     return compact_with_missing_layer
 
 
-class FlakyProposer(proposer.LogitSpecProposer):
+class FlakyProposer(logitspec.LogitSpecProposer):
     def __init__(self, vllm_config):
         super().__init__(vllm_config)
         # This runs inside the worker: the module-level functions used there fail
         # on every third call (drafting a forest either fails or, in turn, takes
         # longer than the step's deadline), and every other KV compaction misses a
         # layer.
-        proposer.build_forest_nodes = every_third_alternating(proposer.build_forest_nodes,
-                                                              _raise, _stall)
+        sources.build_forest_nodes = every_third_alternating(sources.build_forest_nodes,
+                                                             _raise, _stall)
         tree_verdicts.verify_greedy = every_third(tree_verdicts.verify_greedy, _raise)
         cpu_tree_attention.compact_accepted_path = dropping_a_layer_capture(
             cpu_tree_attention.compact_accepted_path)
 
 
-class DriftedRunnerProposer(proposer.LogitSpecProposer):
+class DriftedRunnerProposer(logitspec.LogitSpecProposer):
     """The runner's hook points as a later vLLM might declare them, installed on the
     runner before the plugin hooks it: ``_prepare_inputs`` with a renamed parameter
     (the plugin must refuse it: trees off, chain mode) and ``_sample`` with a new
@@ -110,7 +110,7 @@ def _flex_faults():
     flex_tree_attention.compact_accepted_path = compact_sometimes_failing
 
 
-class FlexFaultsProposer(proposer.LogitSpecProposer):
+class FlexFaultsProposer(logitspec.LogitSpecProposer):
     """FLEX_ATTENTION trees with missing mask tables, failing mask builds and failing
     slot compactions (_flex_faults)."""
 
@@ -119,7 +119,7 @@ class FlexFaultsProposer(proposer.LogitSpecProposer):
         super().__init__(vllm_config)
 
 
-class OneRankFlexFaultsProposer(proposer.LogitSpecProposer):
+class OneRankFlexFaultsProposer(logitspec.LogitSpecProposer):
     """Under tensor parallel, the FLEX faults of _flex_faults on rank 1 only: the other
     ranks' masks and compactions all succeed. Each rank also keeps a digest of the
     tokens it sampled (what ``propose`` receives every step), so a test can see that
@@ -141,7 +141,7 @@ class OneRankFlexFaultsProposer(proposer.LogitSpecProposer):
         return {**super().snapshot(), "sampled_digest": self._digest.hexdigest()}
 
 
-class BrokenRegistryProposer(proposer.LogitSpecProposer):
+class BrokenRegistryProposer(logitspec.LogitSpecProposer):
     """A vLLM whose attention backend registry rejects the override (its API changed):
     the engine must run in chain mode."""
 

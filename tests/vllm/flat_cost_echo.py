@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_echo.plugin.proposers.echo import EchoProposer
-from vllm_echo.plugin.runner.step_timer import StepTimer
 
 FLAT_STEP_S = 0.05  # a step's time up to the knee (only ratios decide)
 KNEE = 24  # verified tokens per step (one per request included) that cost nothing extra
@@ -28,7 +27,9 @@ class FlatCostEchoProposer(EchoProposer):
     def __init__(self, vllm_config: Any):
         super().__init__(vllm_config)
         self._inject_curve()
-        self._timer = StepTimer(lambda *step: None)  # the curve stays
+
+    def observe_step_cost(self, num_tokens, seconds, drafted) -> None:
+        pass  # timed steps do not correct the injected curve
 
     def _set_cost_curve(self, sizes, seconds, took) -> None:
         self._inject_curve()  # the start-up probe's curve is not used either

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from vllm_echo.plugin.attention import tree_support
-from vllm_echo.plugin.runner.tree_state import TreeContext
+from vllm_echo.plugin.runner.tree_state import TreeAttention, TreeContext
 
 pytest.importorskip("vllm.v1.attention.backends.registry")
 from vllm.v1.attention.backends import registry  # noqa: E402
@@ -69,11 +69,11 @@ def test_a_failing_registry_call_degrades_to_chain_mode_with_one_line(monkeypatc
         raise TypeError("register_backend() takes 1 positional argument")
 
     monkeypatch.setattr(registry, "register_backend", register_backend)
-    context, runner = TreeContext(mode="cpu"), Runner()
+    context, runner = TreeContext(attention=TreeAttention(mode="cpu")), Runner()
     tree_support._route_cpu_attention_while_loading(runner, context, NATIVE)
     with caplog.at_level(logging.WARNING, logger="vllm.vllm_echo"):
         runner.load_model()  # the engine still starts
-    assert context.mode is None  # chain mode
+    assert context.attention.mode is None  # chain mode
     assert runner.loaded_with != NATIVE
     lines = [r for r in caplog.records if "chain mode" in r.getMessage()]
     assert len(lines) == 1, [r.getMessage() for r in caplog.records]

@@ -100,13 +100,28 @@ def path_to(parents: ArrayLike, j: int) -> list[int]:
 
 
 def is_chain(parents: ArrayLike) -> bool:
-    """True iff every node has at most one child (the empty tree included).
+    """True iff the nodes form one chain from the root (the empty tree included).
 
-    With parent-first order a chain can only be laid out as
-    ``[-1, 0, 1, ..., n-2]``.
+    With parent-first order a chain can only be laid out as ``[-1, 0, 1, ..., n-2]``.
+    ``parents`` is not validated (the callers' are, or are built valid): any other
+    array is no chain.
     """
-    par = validate_parents(parents)
-    return bool(np.array_equal(par, np.arange(par.size) - 1))
+    par = np.asarray(parents)
+    return bool(np.array_equal(par, np.arange(-1, par.size - 1)))
+
+
+def out_of_place(nodes: np.ndarray) -> np.ndarray:
+    """Per place ``k`` of a chain (depth ``k + 1``), whether ``nodes[k]``, the node put
+    there, is not node ``k``: the node the flat order has there, whose row and KV slot
+    vLLM, which verifies a chain, reads. A node out of place must be moved."""
+    return nodes != np.arange(len(nodes))
+
+
+def in_place_prefix(path: Sequence[int]) -> int:
+    """How many of a root path's first nodes are in place (``out_of_place``'s test, on
+    the short list the per-step verdicts hold). Node indices increase along a path, so
+    every node after the first one out of place is out of place too."""
+    return next((k for k, j in enumerate(path) if j != k), len(path))
 
 
 def children_lists(parents: ArrayLike) -> list[list[int]]:

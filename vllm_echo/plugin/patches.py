@@ -259,7 +259,7 @@ themselves off (same log line and counter) on a call they do not understand.
       warning per process the first time. The mark travels to the workers with the new
       request; the proposer puts the request's outputs and logits into, and drafts
       from, that pool only, and a request without a mark into and from no pool
-      (proposers/logitspec.LogitSpecProposer._pool).
+      (proposers/request_state.TrackedRequests._pool).
    Why: in vLLM 0.32 the salt lives on the scheduler's ``Request`` and does not reach
       the worker; the shared sources must not draft one tenant's text for another.
       ``extra_args`` is vLLM's field for plugins, but clients can write it too: only a
@@ -307,14 +307,14 @@ Private vLLM attributes read (vLLM 0.32 names), where, and what happens without 
 
 - Runner, probed in ``load_model`` (runner/access.probe_runner):
   ``input_batch.req_ids``, ``input_batch.req_id_to_index``, ``requests``
-  (proposers/logitspec.py, proposers/echo.py: which request a row is) -> no speculation;
+  (proposers/base.py: which request a row is) -> no speculation;
   ``sampler``, ``input_batch.sampling_metadata``,
   ``input_batch.update_async_output_token_ids`` (entry 2) -> no ``_sample`` hook;
   ``positions``, ``query_start_loc.np``, ``input_batch.num_computed_tokens_cpu``,
   and with FLEX_ATTENTION ``input_batch.block_table[0].slot_mapping.gpu`` (entry 3)
   -> no ``_prepare_inputs`` hook (chain mode).
-- Per step, inside ``try`` blocks that report through the proposer's
-  ``_log_failure`` (counted per kind, logged once): SpecDecodeMetadata
+- Per step, inside ``try`` blocks that report to the proposer's failure log
+  (proposers/failures.FailureLog: counted per kind, logged once): SpecDecodeMetadata
   ``bonus_logits_indices``, ``num_draft_tokens``, ``max_spec_len``; SamplingMetadata
   ``all_greedy``, ``temperature``, ``top_k``, ``top_p``, ``generators``,
   ``max_num_logprobs``, ``logprob_token_ids``, ``no_penalties``,
@@ -348,7 +348,7 @@ Private vLLM attributes read (vLLM 0.32 names), where, and what happens without 
   BlockMask's tables (per step, cpu_flex_attention.CPUFlexAttentionImpl.forward).
 - ``vllm.v1.attention.selector._cached_get_attn_backend`` (entry 4; skipped if absent).
 - The call stack's ``self`` locals (entry 9), ``worker.model_runner.drafter``
-  (proposers/logitspec.worker_stats, read with defaults), and under tensor parallel
+  (proposers/base.worker_stats, read with defaults), and under tensor parallel
   the TP group coordinator's ``rank_in_group``, ``broadcast_object`` and ``cpu_group``
   (proposers/tp_drafts.py; without them: chain mode).
 

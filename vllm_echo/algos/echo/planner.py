@@ -33,6 +33,7 @@ from numba import njit
 from vllm_echo.algos.echo.acceptance import KINDS, AcceptanceModel, Candidates, labels
 from vllm_echo.algos.echo.cost import StepCost
 from vllm_echo.algos.echo.tuning import EchoTuning
+from vllm_echo.algos.tree import is_chain
 
 _NO_DRAFT = (np.empty(0, np.int32), np.empty(0, np.int32))  # (token_ids, parents)
 _MAX_BREAK_EVEN_DRAFTS = 64  # drafts per request the break-even test looks at
@@ -173,13 +174,13 @@ class EchoPlanner:
             local = np.asarray(cand.parents, dtype=np.int64)
             parents = np.where(local[keep] >= 0, index[np.maximum(local[keep], 0)], -1)
             parents = parents.astype(np.int32)
-            is_chain = bool(np.array_equal(parents, np.arange(-1, keep.size - 1)))
+            chain = is_chain(parents)
             tokens = np.asarray(cand.token_ids)[keep].astype(np.int32)
-            plans[i] = Plan(tokens, parents, is_chain, float(pool.probs[lo:hi][keep].sum()),
+            plans[i] = Plan(tokens, parents, chain, float(pool.probs[lo:hi][keep].sum()),
                             keep, local, pool.tokens[lo:hi], pool.buckets[lo:hi])
             drafts[i] = (tokens, parents)
             self.stats["drafted"] += keep.size
-            self.stats["tree_requests"] += not is_chain
+            self.stats["tree_requests"] += not chain
         return drafts, plans
 
     def _choose(self, pool, chain_only: list[bool], cap: int, num_requests: int) -> np.ndarray:

@@ -22,7 +22,8 @@ from vllm import _custom_ops as ops
 from vllm import envs
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
-from vllm_echo.algos.tree import causal_prefix_length, uncovered_paths
+from vllm_echo.algos.tree import (causal_prefix_length, in_place_prefix, out_of_place,
+                                  uncovered_paths)
 from vllm_echo.plugin.runner import tree_state
 
 
@@ -50,15 +51,15 @@ class TreeCPUAttentionImpl(CPUAttentionBackendImpl):
         key_cache, value_cache = kv_cache.view(
             num_blocks, num_kv_heads, 2 * block_size, -1).chunk(2, dim=2)
         try:
-            waves = step.cpu_waves
+            waves = step.cpu.waves
             if waves is None:
-                waves = step.cpu_waves = PathWaves.build(step.trees, attn_metadata)
+                waves = step.cpu.waves = PathWaves.build(step.trees, attn_metadata)
             k_cap, v_cap = waves.run(self, layer, query, key, value, key_cache, value_cache,
                                      output.view(output.shape[0], self.num_heads,
                                                  self.head_size))
             # after verification an accepted path off the first branch is re-written
             # from these to consecutive slots (compaction), with the same op
-            step.captured[layer.layer_name] = (layer, self, k_cap, v_cap, kv_cache)
+            step.cpu.captured[layer.layer_name] = (layer, self, k_cap, v_cap, kv_cache)
         except Exception:
             # every row causal, as vLLM computes them: the step's trees accept nothing
             step.failed = True
@@ -160,8 +161,8 @@ class PathWaves:
             wave_rows.append((queries, q_lens, seq_lens, requests))
             write_rows.append(np.concatenate(writes))
             write_slots.append(np.concatenate(slots))
-        restores = np.concatenate([tree.query_start + np.flatnonzero(
-            held != np.arange(-1, len(held) - 1)) for tree, held in zip(trees, holds)])
+        restores = np.concatenate([tree.query_start + 1 + np.flatnonzero(
+            out_of_place(held[1:])) for tree, held in zip(trees, holds)])
         captured = np.concatenate([restores, *write_rows]).astype(np.int64)
         slots = slot_mapping.index_select(0, torch.from_numpy(
             np.concatenate([restores, *write_slots]).astype(np.int64)))
@@ -274,19 +275,20 @@ def compact_accepted_path(tree: tree_state.TreeRows, row_offset: int, path: list
     writing anything, unless every attention layer's K/V was captured.
     (``row_offset``, the tree's place among the step's tree rows, is the flex path's.)
     """
-    moves = [(k + 1, j + 1) for k, j in enumerate(path) if j != k]
+    moves = [(k + 1, path[k] + 1) for k in range(in_place_prefix(path), len(path))]
     if not moves:
         return
-    missing = [layer.layer_name for layer in step.attention_layers
-               if layer.layer_name not in step.captured]
+    cpu = step.cpu
+    missing = [layer.layer_name for layer in cpu.attention_layers
+               if layer.layer_name not in cpu.captured]
     if missing:
         raise RuntimeError(f"K/V of {len(missing)} attention layers not captured "
                            f"(first: {missing[0]}); cannot compact")
-    waves = step.cpu_waves
+    waves = cpu.waves
     src = torch.tensor([waves.capture_position[tree.query_start + s] for _, s in moves])
     dst = waves.slot_mapping.index_select(
         0, torch.tensor([tree.query_start + d for d, _ in moves]))
-    for layer, impl, k_cap, v_cap, kv_cache in step.captured.values():
+    for layer, impl, k_cap, v_cap, kv_cache in cpu.captured.values():
         num_blocks, num_kv_heads, block_size, _ = kv_cache.shape
         key_cache, value_cache = kv_cache.view(
             num_blocks, num_kv_heads, 2 * block_size, -1).chunk(2, dim=2)

@@ -37,6 +37,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from vllm_echo.algos.tree import in_place_prefix
 from vllm_echo.ops.tree_mask import BITS_PER_WORD, build_tree_mask, num_mask_words
 from vllm_echo.plugin.runner import tree_state
 from vllm_echo.plugin.runner.tree_state import TreeContext
@@ -154,7 +155,7 @@ def install_flex_tree_mask() -> str | None:
             tree_context = _context_of(self)
         except Exception:  # a step left without its mask accepts no draft (tree_verdicts)
             return mask_mod
-        if tree_context is None or tree_context.mode != "flex":
+        if tree_context is None or tree_context.attention.mode != "flex":
             return mask_mod
         step = tree_context.step
         if step is not None and step.failed:
@@ -168,14 +169,15 @@ def install_flex_tree_mask() -> str | None:
                 return mask_mod
             # once per step (shared by every layer's metadata); steps without trees
             # share one pair of tables, kept by the engine
-            tables = step.mask_tables if step is not None else tree_context.idle_mask_tables
+            tables = (step.flex.mask_tables if step is not None
+                      else tree_context.attention.idle_mask_tables)
             rows = getattr(self, _PERSISTENT_DOC_IDS).shape[0]
             if tables is None or tables[0].shape[0] != rows:
                 tables = step_mask_tables(trees, rows, self.doc_ids.device)
                 if step is not None:
-                    step.mask_tables = tables
+                    step.flex.mask_tables = tables
                 else:
-                    tree_context.idle_mask_tables = tables
+                    tree_context.attention.idle_mask_tables = tables
             convert = self._convert_physical_to_logical
             doc_ids = self.doc_ids
         except Exception:  # tree rows keep the causal mask: the step's trees accept nothing
@@ -198,15 +200,15 @@ def compact_accepted_path(tree: tree_state.TreeRows, row_offset: int, path: list
     """Copy the accepted nodes' K/V to the consecutive slots vLLM assumes.
 
     Node j was written at the slot of query row j+1; the k-th accepted node must sit
-    at the slot of row k+1. ``step.slots`` holds the slots of every tree row.
+    at the slot of row k+1. ``step.flex.slots`` holds the slots of every tree row.
     """
-    moves = [(k + 1, j + 1) for k, j in enumerate(path) if j != k]
+    moves = [(k + 1, path[k] + 1) for k in range(in_place_prefix(path), len(path))]
     if not moves:
         return
-    slots = step.slots
+    slots = step.flex.slots
     dst = slots[torch.tensor([row_offset + d for d, _ in moves], device=slots.device)]
     src = slots[torch.tensor([row_offset + s for _, s in moves], device=slots.device)]
-    for kv_cache in step.kv_caches:
+    for kv_cache in step.flex.kv_caches:
         block_size = kv_cache.shape[2]
         # the right side is gathered (a copy) before anything is written
         kv_cache[dst // block_size, :, dst % block_size] = \

@@ -66,7 +66,7 @@ def prepare(tree_context: TreeContext, vllm_config: Any, tree_attention: str | N
             runner, tree_context, _CPU_BACKENDS["flex" if flex else "native"])
         if reason is not None:
             return _chain_mode(reason)
-    tree_context.mode = "flex" if flex else "cpu"
+    tree_context.attention.mode = "flex" if flex else "cpu"
     return True
 
 
@@ -76,7 +76,7 @@ def _route_cpu_attention_while_loading(runner: Any, tree_context: TreeContext,
     exactly while ``runner.load_model`` runs (an instance attribute wraps it), so an
     engine that fails to start leaves no override behind. Returns why it cannot
     (None: wrapped). A registry call that fails when the model loads puts the engine
-    in chain mode (``tree_context.mode`` None) with one log line."""
+    in chain mode (``tree_context.attention.mode`` None) with one log line."""
     original = getattr(runner, "load_model", None)
     if not callable(original):
         return "the model runner has no load_model"
@@ -85,7 +85,7 @@ def _route_cpu_attention_while_loading(runner: Any, tree_context: TreeContext,
         try:
             _register_cpu_backend(tree_context, class_path)
         except Exception as exc:  # the registry changed: vLLM's own backend, chains
-            tree_context.mode = None
+            tree_context.attention.mode = None
             _chain_mode(f"cannot route CPU_ATTN to the tree backend ({type(exc).__name__}: "
                         f"{exc})")
         try:
@@ -111,7 +111,7 @@ def _register_cpu_backend(tree_context: TreeContext, class_path: str) -> None:
         _forget_selected_backends()
 
     register_backend(backend, class_path)
-    tree_context.restore_cpu_backend = restore
+    tree_context.attention.restore_cpu_backend = restore
     _forget_selected_backends()
 
 
@@ -119,7 +119,8 @@ def end_cpu_route(tree_context: TreeContext) -> None:
     """Put back what CPU_ATTN loaded before, once the model is built (the proposer's
     load_model) or its build failed: later engines in this process get the backend
     they would have had without this one. A failure to restore is logged, not raised."""
-    restore, tree_context.restore_cpu_backend = tree_context.restore_cpu_backend, None
+    attention = tree_context.attention
+    restore, attention.restore_cpu_backend = attention.restore_cpu_backend, None
     if restore is not None:
         try:
             restore()
@@ -154,7 +155,7 @@ def check_model(tree_context: TreeContext, model: Any) -> bool:
         impl = layer.impl
         if not isinstance(impl, tree_impl):
             hint = " (start vLLM with --attention-backend FLEX_ATTENTION)" \
-                if tree_context.compacts_by_slot else ""
+                if tree_context.attention.compacts_by_slot else ""
             return _chain_mode(f"attention impl {type(impl).__name__} is not tree-capable{hint}")
         if (getattr(impl, "sliding_window", None) not in (None, -1)
                 or getattr(impl, "alibi_slopes", None) is not None
@@ -166,15 +167,15 @@ def check_model(tree_context: TreeContext, model: Any) -> bool:
         missing = [a for a in _LAYER_ATTRIBUTES if not hasattr(layer, a)]
         if missing:
             return _chain_mode(f"attention layer has no {', '.join(missing)}")
-    tree_context.attention_layers = layers
-    if not tree_context.compacts_by_slot:
+    tree_context.attention.layers = layers
+    if not tree_context.attention.compacts_by_slot:
         for layer in layers:
             layer.impl.tree_context = tree_context
     return True
 
 
 def _tree_impl_class(tree_context: TreeContext) -> type:
-    if tree_context.compacts_by_slot:
+    if tree_context.attention.compacts_by_slot:
         from vllm.v1.attention.backends.flex_attention import FlexAttentionImpl
 
         return FlexAttentionImpl
@@ -186,7 +187,7 @@ def _tree_impl_class(tree_context: TreeContext) -> type:
 def compactor(tree_context: TreeContext) -> Callable:
     """The KV compaction for the engine's backend, looked up here (load_model), so a
     module function replaced before (tests/vllm/flaky_proposer.py) is the one used."""
-    if tree_context.compacts_by_slot:
+    if tree_context.attention.compacts_by_slot:
         from vllm_echo.plugin.attention.flex_tree_attention import compact_accepted_path
     else:
         from vllm_echo.plugin.attention.cpu_tree_attention import compact_accepted_path

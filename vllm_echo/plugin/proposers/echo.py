@@ -3,8 +3,9 @@
 
 The batch-level work (per-node acceptance probabilities, the step-cost curve, the
 rule) is in vllm_echo.algos.echo; this adapter builds each request's candidate forest
-in the per-request loop it shares with LogitSpec, plans the batch after it, turns last
-step's verdicts into observations, and times decode steps for the cost curve.
+in base.Proposer's per-request loop, plans the batch after it, turns last step's
+verdicts into observations, and learns the step-cost curve from a start-up probe and
+timed decode steps.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from vllm_echo.algos import echo
 from vllm_echo.algos.draft_sources import ORIGIN_PREDICTION, ORIGIN_RECYCLED, ORIGIN_SHARED
 from vllm_echo.algos.echo import Candidates, EchoPlanner, EchoTuning, Plan
 from vllm_echo.algos.echo.acceptance import KINDS
-from vllm_echo.plugin.proposers.logitspec import LogitSpecProposer
+from vllm_echo.algos.tree import is_chain
+from vllm_echo.plugin.proposers.base import Proposer
+from vllm_echo.plugin.proposers.request_state import RequestState
+from vllm_echo.plugin.proposers.sources import candidate_forest
 from vllm_echo.plugin.runner.cost_probe import accepts, install_cost_probe
-from vllm_echo.plugin.runner.step_timer import StepTimer
 from vllm_echo.plugin.runner.tree_state import TreeDraft
 
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
@@ -31,8 +34,9 @@ _STATS_LOG_EVERY = 500  # steps between ECHO statistics log lines
 _PREDICTION_KIND = KINDS.index("prediction")
 
 
-class EchoProposer(LogitSpecProposer):
+class EchoProposer(Proposer):
     method = "echo"
+    times_steps = True  # timed decode steps correct the step-cost curve
 
     def __init__(self, vllm_config: Any):
         super().__init__(vllm_config)
@@ -50,7 +54,6 @@ class EchoProposer(LogitSpecProposer):
         # whether a request with a predicted output drafted last step or is in the batch:
         # only then are the prediction family and its counters looked at
         self._predicting = False
-        self._timer = StepTimer(self.planner.cost.observe)  # feeds the step-cost curve
 
     def load_model(self, model: Any) -> None:
         super().load_model(model)
@@ -59,16 +62,16 @@ class EchoProposer(LogitSpecProposer):
             return
         if not (callable(getattr(runner, "initialize_kv_cache", None))
                 and accepts(getattr(runner, "_dummy_run", None), "force_attention")):
-            self._hook_unavailable("initialize_kv_cache", "the runner has no "
-                                   "initialize_kv_cache, or no _dummy_run(force_attention=)",
-                                   "a step-cost curve learned from real steps")
+            self.failures.unavailable("initialize_kv_cache", "the runner has no "
+                                      "initialize_kv_cache, or no _dummy_run(force_attention=)",
+                                      "a step-cost curve learned from real steps")
             return
         scheduler = self._vllm_config.scheduler_config
         max_tokens = min(scheduler.max_num_batched_tokens,
                          scheduler.max_num_seqs * (1 + self.num_speculative_tokens))
         install_cost_probe(
-            runner, max_tokens, self._set_cost_curve, self._log_failure,
-            lambda hook, reason: self._hook_unavailable(
+            runner, max_tokens, self._set_cost_curve, self.failures.failed,
+            lambda hook, reason: self.failures.unavailable(
                 hook, reason, "a step-cost curve learned from real steps"))
 
     def _set_cost_curve(self, sizes: np.ndarray, seconds: np.ndarray, took: float) -> None:
@@ -81,17 +84,19 @@ class EchoProposer(LogitSpecProposer):
         super()._warm_up()
         echo.warm_up()
 
-    # -- the shared per-request loop's three parts (LogitSpecProposer._propose) --------
+    def observe_step_cost(self, num_tokens: int, seconds: float, drafted: bool) -> None:
+        self.planner.cost.observe(num_tokens, seconds, drafted)
 
-    def _begin_step(self, req_ids, sampled_token_ids):
-        try:
-            self._observe(req_ids, sampled_token_ids)
-        except Exception as exc:  # this step's verdicts are not learned from; drafting goes on
-            self._log_failure("observe", exc)
+    # -- a step: base.Proposer's per-request loop --------------------------------------
+
+    def begin_step(self, req_ids: list[str], sampled_token_ids: list[list[int]]
+                   ) -> tuple[np.ndarray | None, np.ndarray | None] | None:
+        """The top-k token ids of every request's last logits and their log-probabilities
+        (either None when not needed), or None when the step drafts nothing."""
         self.planner.trees = self.tree_enabled  # load_model or a drifted hook may turn it off
         # predicted outputs count among the sources a step can draft from while a
         # request that has one is in the batch (as of last step's states)
-        self._predicting = any(s.prediction is not None for s in self._states.values())
+        self._predicting = any(s.prediction is not None for s in self.requests.states.values())
         self.planner.acceptance.other_origins = self._engine_origins + (
             (ORIGIN_PREDICTION,) if self._predicting else ())
         # Every request that decodes this step is a verified token, drafted or not.
@@ -109,17 +114,21 @@ class EchoProposer(LogitSpecProposer):
         top_logp = self._last_logits.logprobs if heads and top_ids is not None else None
         return top_ids, top_logp
 
-    def _draft_request(self, step, i, req_id, state, max_len, accepted):
+    def draft_request(self, step: tuple, i: int, req_id: str, state: RequestState,
+                      max_len: int, accepted: int) -> Candidates:
+        """Request ``i``'s candidate forest, for the planner."""
         top_ids, top_logp = step
         row_top = None if top_ids is None else top_ids[i]
         self.sources.learn_logits(state.pool, state.index.tokens, state.index.length, row_top)
         self._predicting |= state.prediction is not None
-        nodes, origin = self.forest(state, _EMPTY if top_logp is None else row_top,
-                                    min(self.settings.capacity, max_len + 1))
+        nodes, origin = candidate_forest(state, self.sources,
+                                         _EMPTY if top_logp is None else row_top,
+                                         min(self.settings.capacity, max_len + 1))
         return Candidates(*nodes, head_logp=_NO_LOGP if top_logp is None else top_logp[i],
                           chain_only=not (self.tree_enabled and state.tree_ok), origin=origin)
 
-    def _end_step(self, req_ids, items):
+    def end_step(self, req_ids: list[str], items: list[Any]) -> list[list[int]]:
+        """The batch's plan: each request's verified nodes, as vLLM's draft lists."""
         if not self._drafting:
             return [[] for _ in items]
         drafts, plans = self.planner.plan(items, self.num_speculative_tokens,
@@ -143,15 +152,13 @@ class EchoProposer(LogitSpecProposer):
         self._log_progress()
         return out
 
-    # -- feedback ----------------------------------------------------------------------
-
-    def _observe(self, req_ids: list[str], sampled_token_ids: list[list[int]]) -> None:
+    def learn_verdicts(self, req_ids: list[str], sampled_token_ids: list[list[int]]) -> None:
         """Turn last step's verdicts into (plan, accepted path, next token) for the planner."""
         verdicts = []
         for i, sampled in enumerate(sampled_token_ids):
             req_id = req_ids[i]
             plan = self._plans.pop(req_id, None)
-            path = self.tree_context.last_paths.pop(req_id, None)
+            path = self.tree_context.accepted_paths.by_request.pop(req_id, None)
             if plan is None or not sampled:
                 continue
             accepted = len(sampled) - 1
@@ -159,12 +166,11 @@ class EchoProposer(LogitSpecProposer):
             if path is None:  # verified by vLLM as a chain: the first nodes, in order
                 source = "chain"
                 path = list(range(accepted))
-                if not plan.is_chain and np.any(
-                        plan.parents[:accepted] != np.arange(-1, accepted - 1)):
+                if not plan.is_chain and not is_chain(plan.parents[:accepted]):
                     continue  # not a root path: nothing reliable to learn from
             if accepted:
                 self.stats.accepted[source] += accepted
-            if accepted and self._predicting:  # last step's flag: _begin_step sets it after
+            if accepted and self._predicting:  # last step's flag: begin_step sets it after
                 self.stats.prediction["accepted"] += int(np.count_nonzero(
                     self._kinds(plan)[np.asarray(path, dtype=np.int64)] == _PREDICTION_KIND))
             verdicts.append((plan, path, int(sampled[-1])))

@@ -54,7 +54,7 @@ class RankZeroDrafts:
         for req_id, (token_ids, parents) in trees.items():
             tree_context.trees[req_id] = TreeDraft(np.asarray(token_ids), np.asarray(parents))
         # This rank's verdicts are not learned from: rank 0's proposer plans.
-        tree_context.last_paths.clear()
+        tree_context.accepted_paths.by_request.clear()
         return drafts
 
     def agree(self, outcomes: np.ndarray) -> np.ndarray:

@@ -17,7 +17,7 @@ import torch
 
 from vllm_echo.plugin.runner import tree_state
 from vllm_echo.plugin.runner.access import PREPARE_PARAMS, wrap_runner_method
-from vllm_echo.plugin.runner.tree_state import StepTrees, TreeContext
+from vllm_echo.plugin.runner.tree_state import CpuStep, FlexStep, StepTrees, TreeContext
 
 
 def install_prepare_hook(runner: Any, tree_context: TreeContext,
@@ -121,10 +121,10 @@ def _collect_step(tree_context: TreeContext, runner: Any,
         return None, []
     rows = torch.from_numpy(np.concatenate(all_rows)).to(device)
     step = StepTrees(trees, rows)
-    if tree_context.compacts_by_slot:  # slot mapping is computed in the original
-        step.slots = batch.block_table[0].slot_mapping.gpu[rows]
-        step.kv_caches = tree_context.kv_caches()
+    if tree_context.attention.compacts_by_slot:  # slot mapping is computed in the original
+        step.flex = FlexStep(batch.block_table[0].slot_mapping.gpu[rows],
+                             tree_context.attention.kv_caches())
     else:
-        step.attention_layers = tree_context.attention_layers
+        step.cpu = CpuStep(tree_context.attention.layers)
     return step, positions
 

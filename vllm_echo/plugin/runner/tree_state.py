@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from vllm_echo.algos.tree import tree_depths
+from vllm_echo.algos.tree import is_chain, tree_depths
 
 
 @dataclass
@@ -43,27 +43,75 @@ class TreeRows:
 
 
 @dataclass
+class CpuStep:
+    """The CPU native backend's part of a step (cpu_tree_attention.py)."""
+
+    # The engine's attention layers, every one of which compaction needs in
+    # ``captured`` (layer name -> the K/V rows the layer's waves wrote:
+    # cpu_tree_attention.PathWaves.captured_rows).
+    attention_layers: list[Any]
+    captured: dict[str, tuple] = field(default_factory=dict)
+    # The native kernel's calls for the tree rows (cpu_tree_attention.PathWaves),
+    # planned by the first attention layer of the step.
+    waves: Any = None
+
+
+@dataclass
+class FlexStep:
+    """FLEX_ATTENTION's part of a step (flex_tree_attention.py): the KV slots of the
+    step's tree rows and every attention layer's cache, for the compaction, and the
+    step's mask tables (set by the first metadata built)."""
+
+    slots: Any
+    kv_caches: list[Any]
+    mask_tables: Any = None
+
+
+@dataclass
 class StepTrees:
-    """Tree requests of the step being executed, and K/V captured for compaction."""
+    """Tree requests of the step being executed, and its attention backend's part."""
 
     trees: list[TreeRows]
     all_rows: Any                                  # torch.long: every tree query row
-    # CPU: the engine's attention layers, every one of which compaction needs in
-    # ``captured`` (layer name -> the K/V rows the layer's waves wrote:
-    # cpu_tree_attention.PathWaves.captured_rows).
-    attention_layers: list[Any] = field(default_factory=list)
-    captured: dict[str, tuple] = field(default_factory=dict)
     # Set when a tree part of the step failed (positions, mask, the tree rows' kernel
     # calls): its tree requests then accept no draft, whose verdict needs only the root row.
     failed: bool = False
-    # CPU: the native kernel's calls for the tree rows (cpu_tree_attention.PathWaves),
-    # planned by the first attention layer of the step.
-    cpu_waves: Any = None
-    # FLEX_ATTENTION (flex_tree_attention.py): the step's mask tables, the KV slots of
-    # all_rows and every attention layer's cache, for the mask and the compaction.
-    mask_tables: Any = None
-    slots: Any = None
-    kv_caches: list[Any] = field(default_factory=list)
+    cpu: CpuStep | None = None    # with the CPU native backend
+    flex: FlexStep | None = None  # with FLEX_ATTENTION
+
+
+@dataclass
+class AcceptedPaths:
+    """req_id -> accepted node indices of its last tree verification, kept only when a
+    proposer that learns from verdicts asks for them (``record``) and pops them."""
+
+    record: bool = False
+    by_request: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass
+class TreeAttention:
+    """The engine's tree attention backend, as tree_support set it up."""
+
+    # "cpu" or "flex" once tree_support.prepare() accepted trees (None: chain mode),
+    # and the tree-checked attention layers.
+    mode: str | None = None
+    layers: list[Any] = field(default_factory=list)
+    # On CPU, what puts vLLM's CPU_ATTN back once this engine's model is built.
+    restore_cpu_backend: Any = None
+    # FLEX_ATTENTION: the mask tables of steps without trees (they let every row
+    # through, and never change).
+    idle_mask_tables: Any = None
+
+    @property
+    def compacts_by_slot(self) -> bool:
+        """True when KV compaction copies by slot (FLEX_ATTENTION), not from captured K/V."""
+        return self.mode == "flex"
+
+    def kv_caches(self) -> list[Any]:
+        """Every tree-checked attention layer's KV cache tensor."""
+        return [layer.kv_cache[0] if isinstance(layer.kv_cache, list) else layer.kv_cache
+                for layer in self.layers]
 
 
 @dataclass
@@ -76,7 +124,7 @@ class TreeContext:
     layers read ``step`` (CPU: the native calls with tree rows and K/V capture;
     FLEX_ATTENTION: the mask);
     the ``_sample`` hook takes ``step``, verifies, compacts the KV cache and counts;
-    ECHO's proposer reads the accepted paths back from ``last_paths``.
+    proposers read the accepted paths back from ``accepted_paths``.
 
     The runner hooks find it on the runner they wrap (``attach_to_runner``, when
     they are installed), the CPU attention impls on themselves (set by
@@ -104,29 +152,8 @@ class TreeContext:
     # The engine's seed (model_config.seed, 0 without one), which seeds the sampled tree
     # verdicts of requests without a seed of their own (tree_verdicts.request_rng).
     engine_seed: int = 0
-    # req_id -> accepted node indices of its last tree verification, kept only when a
-    # proposer that learns from verdicts (ECHO) asks for them and pops them.
-    record_paths: bool = False
-    last_paths: dict[str, list[int]] = field(default_factory=dict)
-    # Set by tree_support: "cpu" or "flex" once prepare() accepted trees, and the
-    # tree-checked attention layers.
-    mode: str | None = None
-    attention_layers: list[Any] = field(default_factory=list)
-    # On CPU, what puts vLLM's CPU_ATTN back once this engine's model is built.
-    restore_cpu_backend: Any = None
-    # FLEX_ATTENTION: the mask tables of steps without trees (they let every row
-    # through, and never change).
-    idle_mask_tables: Any = None
-
-    @property
-    def compacts_by_slot(self) -> bool:
-        """True when KV compaction copies by slot (FLEX_ATTENTION), not from captured K/V."""
-        return self.mode == "flex"
-
-    def kv_caches(self) -> list[Any]:
-        """Every tree-checked attention layer's KV cache tensor."""
-        return [layer.kv_cache[0] if isinstance(layer.kv_cache, list) else layer.kv_cache
-                for layer in self.attention_layers]
+    accepted_paths: AcceptedPaths = field(default_factory=AcceptedPaths)
+    attention: TreeAttention = field(default_factory=TreeAttention)
 
     def take_step(self) -> StepTrees | None:
         """The step in flight, which is then over (sampling consumes it once)."""
@@ -164,7 +191,7 @@ def tree_rows(req_id: str, req_idx: int, query_start: int, context_len: int, dra
     parents = draft.parents[:n]
     if len(parents) != n or np.any(parents < -1) or np.any(parents >= np.arange(n)):
         return None  # not a parent-first tree over these nodes: verify as the chain it is
-    if np.array_equal(parents, np.arange(-1, n - 1, dtype=parents.dtype)):
+    if is_chain(parents):
         return None
     return TreeRows(req_id, req_idx, query_start, context_len, draft.token_ids[:n].copy(), parents)
 

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import xxhash
 
+from vllm_echo.algos.tree import in_place_prefix
 from vllm_echo.algos.verify import verify_greedy, verify_sampling
 from vllm_echo.plugin.runner.greedy_shortcut import row_argmax
 from vllm_echo.plugin.runner.tree_state import StepTrees, TreeContext, TreeRows
@@ -59,7 +60,8 @@ def finish_tree_step(tree_context: TreeContext, logits: torch.Tensor, metadata: 
     token (the bonus), for the next-next capture.
     """
     step = tree_context.take_step()
-    if step is not None and tree_context.compacts_by_slot and step.mask_tables is None:
+    if step is not None and tree_context.attention.compacts_by_slot and (
+            step.flex is None or step.flex.mask_tables is None):
         step.failed = True  # no attention metadata of the step got the tree mask
     if sampling is None and step is not None:
         step.failed = True
@@ -155,13 +157,13 @@ def _write_rows(tree_context: TreeContext, step: StepTrees | None, outcome: dict
             # vLLM's own sample of the root row; for a request verified as a chain here
             # but a failed tree elsewhere, the same token every rank has
             _set_row(sampled, req_idx, [int(sampled[req_idx, 0])])
-            if req_idx in trees and tree_context.record_paths:
-                tree_context.last_paths[trees[req_idx].req_id] = []
+            if req_idx in trees and tree_context.accepted_paths.record:
+                tree_context.accepted_paths.by_request[trees[req_idx].req_id] = []
             continue
         path, next_token = verdict.path, verdict.next_token
         if code == CUT:
             counters["tree_paths_cut"] += 1
-            in_place = next((k for k, j in enumerate(path) if j != k), len(path))
+            in_place = in_place_prefix(path)
             if in_place < len(path):
                 path = path[:in_place]
                 # the verdict's next token belonged to the cut path: resample safely
@@ -170,14 +172,14 @@ def _write_rows(tree_context: TreeContext, step: StepTrees | None, outcome: dict
                 if next_token is None:
                     path, next_token = [], int(sampled[req_idx, 0])
         counters["tree_verifications"] += 1
-        counters["tree_compactions"] += any(j != k for k, j in enumerate(path))
+        counters["tree_compactions"] += in_place_prefix(path) < len(path)
         last = path[-1] + 1 if path else 0
         if next_token is None:
             next_token = int(verdict.argmax[last])
         tree = verdict.tree
         _set_row(sampled, req_idx, [int(tree.token_ids[j]) for j in path] + [next_token])
-        if tree_context.record_paths:
-            tree_context.last_paths[tree.req_id] = path
+        if tree_context.accepted_paths.record:
+            tree_context.accepted_paths.by_request[tree.req_id] = path
         last_rows[req_idx] = verdict.start + last
     return last_rows
 
