@@ -36,13 +36,15 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     "disable_log_stats": False,
 }
 
-# name -> speculative config (None: no speculation).
+# name -> speculative config (None: no speculation): the methods the benchmarks compare.
 SPECULATIVE_CONFIGS: dict[str, dict[str, Any] | None] = {
     "none": None,
     "ngram": {"method": "ngram", "num_speculative_tokens": 4,
               "prompt_lookup_min": 1, "prompt_lookup_max": 3},
     "ngram8": {"method": "ngram", "num_speculative_tokens": 8,
                "prompt_lookup_min": 2, "prompt_lookup_max": 5},
+    # vLLM's SuffixDecoding, a peer: needs arctic-inference (benchmarks/README.md).
+    "suffix": {"method": "suffix"},
     # Chains spelled out (the plugin's CPU default; on a GPU its default is trees).
     "logitspec": {"method": "logitspec", "tree": False},
     "logitspec-tree": {"method": "logitspec", "tree": True},
