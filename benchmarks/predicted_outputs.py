@@ -84,10 +84,10 @@ def params(prediction: str | None):
 
 def drafter_steps(llm) -> tuple[int, int]:
     """(proposer steps, accepted predicted tokens) on rank 0 (0, 0 without a drafter)."""
-    from vllm_echo.plugin.proposers.logitspec import worker_stats
+    from vllm_echo.engines import drafter_stats
 
-    stats = [s for s in llm.collective_rpc(worker_stats) if s]
-    return (stats[0]["steps"], stats[0]["prediction_accepted"]) if stats else (0, 0)
+    stats = drafter_stats(llm)
+    return (stats["steps"], stats["prediction_accepted"]) if stats else (0, 0)
 
 
 def run_batch(llm, items, use_prediction: bool) -> tuple[float, list[list[int]], int, int]:
@@ -186,15 +186,12 @@ def main(argv=None) -> int:
 
     os.environ.update(bench_common.engine_env(dict(os.environ)))
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc
-    from vllm import LLM
+    from vllm_echo.engines import build_llm
 
-    from vllm_echo.models import default_model_path
-
-    model = default_model_path()
-    engines = {name: LLM(model, speculative_config=spec, dtype="float32", seed=0,
-                         max_model_len=2048, enforce_eager=args.eager,
-                         max_num_seqs=max(args.batch_sizes),
-                         kv_cache_memory_bytes=512 * 2**20)
+    # Three engines side by side: half the default KV cache each.
+    engines = {name: build_llm(spec, enforce_eager=args.eager,
+                               max_num_seqs=max(args.batch_sizes),
+                               kv_cache_memory_bytes=512 * 2**20, disable_log_stats=True)
                for name, spec in ENGINES.items()}
     workloads = build_workloads(engines["none"], args.prompts)
     _, regenerated, _, _ = run_batch(engines["none"], workloads["regenerate"], False)
