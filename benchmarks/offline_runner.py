@@ -232,15 +232,6 @@ def run_interleaved(jobs: dict[str, dict], workdir: Path, tags: dict[str, str],
     return {name: worker.finish(timeout) for name, worker in workers.items()}
 
 
-def _version(dist: str) -> str | None:
-    from importlib import metadata
-
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def suffix_interpreters(methods: dict[str, dict | None], environment: dict,
                         notes: list[str]) -> tuple[dict[str, str], dict[str, str]]:
     """``(unavailable, pythons)``: the ``suffix`` rows that cannot run, with why, and the
@@ -261,9 +252,9 @@ def suffix_interpreters(methods: dict[str, dict | None], environment: dict,
             pythons[name] = info["executable"]
     differ = [f"{k} {info[k]} (here {environment.get(k)})" for k in ("vllm", "torch")
               if info and info[k] != environment.get(k)]
-    if info and info["transformers"] != _version("transformers"):
+    if info and info["transformers"] != bench_common.version("transformers"):
         differ.append(f"transformers {info['transformers']} "
-                      f"(here {_version('transformers')})")
+                      f"(here {bench_common.version('transformers')})")
     if differ:
         notes.append(f"warning: the suffix venv's stack differs: "
                      f"{', '.join(differ)}; run scripts/bootstrap_suffix.sh")
