@@ -50,6 +50,11 @@ cannot pair when the machine's speed drifts within a round.
 
 ``suffix`` (vLLM's SuffixDecoding) rows run in a venv of their own (offline_runner.py).
 
+The parts: this script (arguments, the rows in run order), offline_prompts.py (the
+prompts and the KV cache), offline_runner.py (the one runner of workers, whole or
+interleaved), offline_worker.py with offline_steps.py (one configuration's engine, step
+by step), offline_report.py (ratios, summary, results.md, plots).
+
 Writes results.json, results.md and (with matplotlib) PNG plots into --out.
 """
 
