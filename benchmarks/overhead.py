@@ -67,13 +67,12 @@ def worker(job: dict) -> dict:
     os.environ.update(bench_common.engine_env(dict(os.environ)))
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc with a function
-    from vllm import LLM, SamplingParams
+    import plugin_internals
+    from vllm import SamplingParams
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from vllm_echo import prompts
-    from vllm_echo.algos.echo import EchoPlanner
-    from vllm_echo.models import resolve_model
-    from vllm_echo.plugin.runner.last_logits import LastLogitsTopK
+    from vllm_echo.engines import build_llm
 
     timers = _timers()
     inner = {"execute_model": [0, 0.0], "sample_tokens": [0, 0.0]}
@@ -81,20 +80,16 @@ def worker(job: dict) -> dict:
         slot = {"_prepare_inputs": timers["prepare_vllm"], "_sample": timers["sample_vllm"]
                 }.get(name, inner.get(name))
         setattr(GPUModelRunner, name, _timed(getattr(GPUModelRunner, name), slot))
-    LastLogitsTopK._compute = _timed(LastLogitsTopK._compute, timers["topk"])
-    llm = LLM(resolve_model(None), speculative_config=CONFIGS[job["config"]],
-              dtype="float32", enforce_eager=job["eager"], max_model_len=2048,
-              max_num_seqs=max(job["batches"]), seed=0, kv_cache_memory_bytes=2**30)
+    plugin_internals.time_topk(lambda fn: _timed(fn, timers["topk"]))
+    # vLLM's default stats off (not the package's): this script reads no counters, and
+    # logging them would be one more cost in every configuration's steps.
+    llm = build_llm(CONFIGS[job["config"]], enforce_eager=job["eager"],
+                    max_num_seqs=max(job["batches"]), disable_log_stats=True)
     # after the engine started: its warm-up plans for real
     if job["config"] == "echo-idle":
-        def idle(self, num_requests):
-            self.stats["steps"] += 1
-            return "none"
-        EchoPlanner.drafting_mode = idle
+        plugin_internals.planner_drafts_nothing()
     elif job["config"] == "echo-work":
-        choose = EchoPlanner._choose
-        EchoPlanner.drafting_mode = lambda self, num_requests: "all"
-        EchoPlanner._choose = lambda self, *args: choose(self, *args)[:0]
+        plugin_internals.planner_verifies_nothing()
 
     outer = {"prepare_hook": timers["prepare_hook"], "sample_hook": timers["sample_hook"],
              "propose": timers["propose"]}

@@ -43,6 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_common  # noqa: E402
+from vllm_echo.engines import SPECULATIVE_CONFIGS  # noqa: E402
 
 MAX_TOKENS = 96
 REGENERATE_SUFFIX = " Answer in full sentences."
@@ -50,10 +51,7 @@ REGENERATE_SUFFIX = " Answer in full sentences."
 MIN_OVERLAP = 0.5
 EDIT_TEMPLATE = ("Copy the following text exactly, changing nothing but the first word to "
                  "'Indeed,'. Reply with the text only.\n\n{text}")
-ENGINES = {"none": None,
-           "ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
-                     "prompt_lookup_max": 3},  # as in offline.py's matrix
-           "echo": {"method": "echo"}, "logitspec": {"method": "logitspec"}}
+ENGINES = {name: SPECULATIVE_CONFIGS[name] for name in ("none", "ngram", "echo", "logitspec")}
 CONFIGS = {"none": ("none", False), "ngram": ("ngram", False), "echo": ("echo", False),
            "logitspec": ("logitspec", False), "echo+p": ("echo", True),
            "logitspec+p": ("logitspec", True)}
@@ -116,10 +114,10 @@ def params(prediction: str | None):
 
 def drafter_steps(llm) -> tuple[int, int]:
     """(proposer steps, accepted predicted tokens) on rank 0 (0, 0 without a drafter)."""
-    from vllm_echo.plugin.proposers.logitspec import worker_stats
+    from vllm_echo.engines import drafter_stats
 
-    stats = [s for s in llm.collective_rpc(worker_stats) if s]
-    return (stats[0]["steps"], stats[0]["prediction_accepted"]) if stats else (0, 0)
+    stats = drafter_stats(llm)
+    return (stats["steps"], stats["prediction_accepted"]) if stats else (0, 0)
 
 
 def run_batch(llm, items, use_prediction: bool) -> tuple[float, list[list[int]], int, int]:
@@ -209,16 +207,13 @@ def main(argv=None) -> int:
 
     os.environ.update(bench_common.engine_env(dict(os.environ)))
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc
-    from vllm import LLM
-
-    from vllm_echo.models import default_model_path
+    from vllm_echo.engines import build_llm
 
     configs = ["none"] + [c for c in args.configs if c != "none"]
-    model = default_model_path()
-    engines = {name: LLM(model, speculative_config=spec, dtype="float32", seed=0,
-                         max_model_len=2048, enforce_eager=args.eager,
-                         max_num_seqs=max(args.batch_sizes),
-                         kv_cache_memory_bytes=512 * 2**20)
+    # Several engines side by side: half the default KV cache each.
+    engines = {name: build_llm(spec, enforce_eager=args.eager,
+                               max_num_seqs=max(args.batch_sizes),
+                               kv_cache_memory_bytes=512 * 2**20, disable_log_stats=True)
                for name, spec in ENGINES.items() if any(CONFIGS[c][0] == name for c in configs)}
     workloads, overlaps = build_workloads(engines["none"], args.prompts)
     print(f"regenerate: share of a second answer's tokens found in the first: median "

@@ -33,6 +33,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import simulate  # noqa: E402
+import simulate_costs  # noqa: E402
+import simulate_replay  # noqa: E402
 
 from vllm_echo.algos.recycled import RecycledTable  # noqa: E402
 from vllm_echo.algos.verify import verify_greedy  # noqa: E402
@@ -58,7 +60,7 @@ def replay_half(warm: list[dict], rows: list[dict], vocab: int, widths: tuple[in
     tokens = forwards = 0
     time = 0.0
     for row in rows:
-        state = simulate.Replay(row, max_ngram=ECHO_MAX_NGRAM)
+        state = simulate_replay.Replay(row, max_ngram=ECHO_MAX_NGRAM)
         out = np.asarray(row["output_ids"], np.int32)
         _learn(table, row, range(1))
         tokens, forwards, time = tokens + 1, forwards + 1, time + 1.0  # the prefill
@@ -77,7 +79,7 @@ def replay_half(warm: list[dict], rows: list[dict], vocab: int, widths: tuple[in
             emitted = min(accepted + 1, len(out) - t)
             _learn(table, row, range(t, t + emitted))
             tokens, forwards = tokens + emitted, forwards + 1
-            time += simulate.step_cost(1 + verified)
+            time += simulate_costs.step_cost(1 + verified)
             t += emitted
     return tokens, forwards, time
 

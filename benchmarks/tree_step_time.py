@@ -30,7 +30,6 @@ Each (path, C) is one in-process engine; the rounds alternate the paths.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -39,12 +38,10 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the proposer class is ours
-
+import plugin_internals  # noqa: E402  (the fixed-shape proposer: why, in that file)
 from bench_common import environment, write_json  # noqa: E402
 
-from vllm_echo.plugin.proposers.logitspec import LogitSpecProposer, worker_stats  # noqa: E402
-from vllm_echo.plugin.runner.tree_state import TreeDraft  # noqa: E402
+from vllm_echo.engines import build_llm, drafter_stats, shutdown  # noqa: E402
 
 PATHS = {  # name: tree, tree_attention
     "chain": (False, None),
@@ -52,56 +49,17 @@ PATHS = {  # name: tree, tree_attention
     "flex": (True, "flex"),
 }
 MEASURED_STEPS = 12
-# Tokens drafted: ids no context holds (the contexts draw from below this), so no
-# draft is ever accepted.
-DRAFT_TOKEN = 7
-
-
-def two_branches(num_drafts: int) -> np.ndarray:
-    """Parents of a tree of two chains from the root, the first one longer by one at
-    most (parent-first order)."""
-    first = (num_drafts + 1) // 2
-    parents = [-1] + list(range(first - 1)) + [-1] + list(range(first, num_drafts - 1))
-    return np.array(parents[:num_drafts], dtype=np.int32)
-
-
-class FixedShapeProposer(LogitSpecProposer):
-    """Drafts the same shape every step: a two-branch tree of capacity - 1 nodes, or
-    (tree off) a chain of as many tokens."""
-
-    num_drafts: int | None = None  # set on the instance: chains of this length instead
-
-    def _draft(self, req_id, state, candidates, max_len):
-        n = min(self.settings.capacity - 1 if self.num_drafts is None else self.num_drafts,
-                max_len)
-        tokens = np.full(n, DRAFT_TOKEN, dtype=np.int32)
-        if self.tree_enabled:
-            self.tree_context.trees[req_id] = TreeDraft(tokens, two_branches(n))
-        return tokens, 0
 
 
 def _engine(capacity: int, path: str, dtype: str, max_model_len: int, max_batch: int,
             eager: bool = False):
-    from vllm import LLM
-
-    from vllm_echo.config import ADDITIONAL_CONFIG_KEY, EchoSettings
-
-    tree, tree_attention = PATHS[path]
-    settings = EchoSettings(num_speculative_tokens=capacity - 1, capacity=capacity, tree=tree,
-                            tree_attention=tree_attention)
-    return LLM(str(_model()), dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_batch,
-               enable_prefix_caching=False, kv_cache_memory_bytes=3 * 2**30, seed=0,
-               enforce_eager=eager,
-               speculative_config={"method": "custom_class",
-                                   "model": f"{__name__}.FixedShapeProposer",
-                                   "num_speculative_tokens": capacity - 1},
-               additional_config={ADDITIONAL_CONFIG_KEY: settings.to_dict()})
-
-
-def _model():
-    from vllm_echo.models import default_model_path
-
-    return default_model_path()
+    # 3 GiB of KV cache: batch 8 of the longest contexts with room to spare. Stats off
+    # (vLLM's default): only the drafter's counters are read, and logging them would be
+    # work in the timed steps.
+    return build_llm(**plugin_internals.fixed_shape_config(capacity, *PATHS[path]),
+                     dtype=dtype, max_model_len=max_model_len, max_num_seqs=max_batch,
+                     enable_prefix_caching=False, kv_cache_memory_bytes=3 * 2**30,
+                     enforce_eager=eager, disable_log_stats=True)
 
 
 def decode_step_time(llm, batch: int, context: int, seed: int) -> float:
@@ -125,7 +83,7 @@ def decode_step_time(llm, batch: int, context: int, seed: int) -> float:
 
 
 def _tree_verifications(llm) -> int:
-    return sum(s["tree_verifications"] for s in llm.collective_rpc(worker_stats) if s)
+    return drafter_stats(llm)["tree_verifications"]
 
 
 def run(capacities, batches, contexts, dtype, rounds, paths=tuple(PATHS),
@@ -155,7 +113,7 @@ def run(capacities, batches, contexts, dtype, rounds, paths=tuple(PATHS),
                                          context=context, step_s=seconds))
                         print(f"round {r} {path:6s} C={capacity:2d} B={batch} "
                               f"ctx={context}: {seconds * 1e3:.1f} ms", flush=True)
-                llm.llm_engine.engine_core.shutdown()
+                shutdown(llm)
                 del llm
     return rows
 
@@ -165,20 +123,19 @@ def chain_curve(lengths: list[int], context: int, dtype: str, rounds: int,
     """Batch-1 step time with chains of each length, one engine (see the module doc)."""
     max_len = context + MEASURED_STEPS + 4 + 2 * max(lengths) + 16
     llm = _engine(max(lengths) + 1, "chain", dtype, max_len, 1, eager)
-    drafter = llm.llm_engine.model_executor.driver_worker.worker.model_runner.drafter
     decode_step_time(llm, 1, 64, seed=999)  # warm up
     rows = []
     for r in range(rounds):
         shift = r % len(lengths)
         for k in lengths[shift:] + lengths[:shift]:
-            drafter.num_drafts = k
+            plugin_internals.set_chain_length(llm, k)
             seconds = decode_step_time(llm, 1, context, seed=len(rows))
             rows.append(dict(round=r, drafts=k, context=context, step_s=seconds))
             print(f"round {r} chain of {k:2d}: {seconds * 1e3:.1f} ms", flush=True)
     plain = {row["round"]: row["step_s"] for row in rows if row["drafts"] == 0}
     for row in rows:
         row["over_no_drafts"] = row["step_s"] / plain[row["round"]]
-    llm.llm_engine.engine_core.shutdown()
+    shutdown(llm)
     return rows
 
 

@@ -29,7 +29,6 @@ wins). ``--verbose`` prints all of them, as before.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import os
@@ -39,6 +38,7 @@ import warnings
 from pathlib import Path
 
 from vllm_echo import prompts
+from vllm_echo.engines import SPECULATIVE_CONFIGS, build_llm, shutdown, spec_decode_counters
 from vllm_echo.models import resolve_model
 
 # One warm-up prompt per workload, none of them a Spec-Bench prompt.
@@ -48,14 +48,7 @@ WARMUP_MESSAGES = ("Write a short poem about the sea.",
 # first few categories only: how much drafts get accepted differs by category.
 SINGLE_PROMPTS_MAX = 7
 
-METHODS = {
-    "none": None,
-    "ngram": {"method": "ngram", "num_speculative_tokens": 4,
-              "prompt_lookup_min": 1, "prompt_lookup_max": 3},
-    "logitspec": {"method": "logitspec"},
-    "echo": {"method": "echo"},
-}
-
+METHODS = {name: SPECULATIVE_CONFIGS[name] for name in ("none", "ngram", "logitspec", "echo")}
 
 
 def quiet(verbose: bool) -> None:
@@ -85,10 +78,7 @@ vllm_log_level_before_import()
 
 
 def accepted_tokens(llm) -> int:
-    for metric in llm.get_metrics():
-        if metric.name == "vllm:spec_decode_num_accepted_tokens":
-            return int(metric.value)
-    return 0
+    return int(spec_decode_counters(llm).get("vllm:spec_decode_num_accepted_tokens", 0))
 
 
 def timed(llm, chats, params, one_at_a_time: bool) -> dict:
@@ -109,12 +99,10 @@ def timed(llm, chats, params, one_at_a_time: bool) -> dict:
 
 def run_method(model: str, spec, workloads, batch: int, verbose: bool = False,
                eager: bool = False) -> dict:
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    # A fixed KV cache instead of a share of the machine's memory: starts wherever 1 GiB is free.
-    llm = LLM(model, speculative_config=spec, dtype="float32", enforce_eager=eager,
-              max_model_len=2048, max_num_seqs=batch, seed=0, disable_log_stats=False,
-              kv_cache_memory_bytes=2**30, use_tqdm_on_load=verbose)
+    llm = build_llm(spec, model=model, enforce_eager=eager, max_num_seqs=batch,
+                    use_tqdm_on_load=verbose)
     try:
         results = {}
         for (name, (chats, max_tokens, one_at_a_time)), warmup in zip(workloads.items(),
@@ -125,9 +113,7 @@ def run_method(model: str, spec, workloads, batch: int, verbose: bool = False,
             results[name] = timed(llm, chats, params, one_at_a_time)
         return results
     finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
+        shutdown(llm)
 
 
 def summarize(results: dict) -> dict:

@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 import matrix  # noqa: E402
 import offline  # noqa: E402
+import offline_report  # noqa: E402
 
 
 @pytest.fixture
@@ -31,10 +32,10 @@ def calls(monkeypatch) -> list:
                  "output_tokens_per_s": 10.0 * (1.2 if m == "echo" else 1.0) * (k + 1),
                  "token_ids": [[1]]}
                 for b in args.batch_sizes for k in range(args.repeats) for m in args.methods]
-        offline.compare_with_none(rows, 0.0)
+        offline_report.compare_with_none(rows, 0.0)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(
-            {"results": rows, "summary": offline.summarize(rows, args.reference),
+            {"results": rows, "summary": offline_report.summarize(rows, args.reference),
              "max_tokens": args.max_tokens}))
         return 0
 

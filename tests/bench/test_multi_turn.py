@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
-import offline_worker  # noqa: E402
+import offline_steps  # noqa: E402
 import workloads  # noqa: E402
 
 
@@ -63,7 +63,7 @@ def test_conversations_advance_turn_by_turn() -> None:
                      {"turns": ["c1", "c2", "c3"]}]
     engine, tokenizer = FakeEngine(max_tokens=2), FakeTokenizer()
     llm = SimpleNamespace(llm_engine=engine)
-    gen = offline_worker._generate_conversations(
+    gen = offline_steps.generate_conversations(
         llm, tokenizer, conversations, SimpleNamespace(max_tokens=2), batch=2,
         max_model_len=100)
     # groups of 2: (a, b) together for turn 1, then a alone; then c turn by turn
@@ -80,7 +80,7 @@ def test_conversations_advance_turn_by_turn() -> None:
 
 def test_conversation_cut_when_no_room_is_left() -> None:
     engine, tokenizer = FakeEngine(max_tokens=2), FakeTokenizer()
-    gen = offline_worker._generate_conversations(
+    gen = offline_steps.generate_conversations(
         SimpleNamespace(llm_engine=engine), tokenizer, [{"turns": ["x" * 5, "y" * 5]}],
         SimpleNamespace(max_tokens=2), batch=1, max_model_len=8)
     # turn 1: 5 prompt + 2 answer tokens fit in 8; turn 2 (5 + 10 + 5 + 2) does not

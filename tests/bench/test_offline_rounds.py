@@ -5,17 +5,16 @@ accepted tokens by draft source."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
 import pytest
 
-_SPEC = importlib.util.spec_from_file_location(
-    "offline_bench", Path(__file__).resolve().parents[2] / "benchmarks" / "offline.py")
-offline = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(offline)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import offline  # noqa: E402
+import offline_report  # noqa: E402
+import offline_runner  # noqa: E402
 
 
 def _run(method: str, round_: int, tok_s: float, status: str = "ok") -> dict:
@@ -29,10 +28,10 @@ def test_ratios_are_paired_by_round() -> None:
     rows = [_run("none", 0, 20.0), _run("echo", 0, 30.0), _run("ngram", 0, 24.0),
             _run("none", 1, 10.0), _run("echo", 1, 15.0), _run("ngram", 1, 13.0),
             _run("none", 2, 20.0), _run("echo", 2, 20.0), _run("ngram", 2, 0.0, "error")]
-    offline.compare_with_none(rows, temperature=0.0)
+    offline_report.compare_with_none(rows, temperature=0.0)
     assert [r["ratio_to_none"] for r in rows[:6]] == [1.0, 1.5, 1.2, 1.0, 1.5, 1.3]
     assert rows[2]["identical_to_none"] == "0/1" and rows[5]["identical_to_none"] == "1/1"
-    summary = {e["method"]: e for e in offline.summarize(rows, reference="echo")}
+    summary = {e["method"]: e for e in offline_report.summarize(rows, reference="echo")}
     echo = summary["echo"]
     assert echo["rounds"] == 3
     assert echo["output_tokens_per_s"] == {"median": 20.0, "min": 15.0, "max": 30.0,
@@ -44,7 +43,7 @@ def test_ratios_are_paired_by_round() -> None:
     assert ngram["rounds"] == 2
     assert ngram["vs_echo"]["per_round"] == [pytest.approx(0.8), pytest.approx(13 / 15)]
     assert ngram["vs_none"]["min"] == pytest.approx(1.2)
-    assert offline._ratio_text(ngram["vs_none"]) == "1.25 [1.20–1.30]"
+    assert offline_report.ratio_text(ngram["vs_none"]) == "1.25 [1.20–1.30]"
 
 
 def test_a_step_window_compares_the_tokens_both_runs_emitted() -> None:
@@ -52,10 +51,10 @@ def test_a_step_window_compares_the_tokens_both_runs_emitted() -> None:
     none = {**_run("none", 0, 10.0), "token_ids": [[1, 2], [5, 6]], "window": window}
     same = {**_run("echo", 0, 11.0), "token_ids": [[1, 2, 3], [5, 6]], "window": window}
     other = {**_run("ngram", 0, 9.0), "token_ids": [[1, 2, 3], [5, 7, 8]], "window": window}
-    offline.compare_with_none([none, same, other], temperature=0.0)
+    offline_report.compare_with_none([none, same, other], temperature=0.0)
     assert same["identical_to_none"] == "2/2" and other["identical_to_none"] == "1/2"
     whole = {**_run("echo", 0, 11.0), "token_ids": [[1, 2, 3], [5, 6]]}  # no window
-    offline.compare_with_none([none, whole], temperature=0.0)
+    offline_report.compare_with_none([none, whole], temperature=0.0)
     assert whole["identical_to_none"] == "1/2"
 
 
@@ -68,14 +67,14 @@ def test_ratios_after_the_first_step_leave_its_time_out() -> None:
     # and 2 s for `echo`; round 1: echo's decode 3 s against 4 s, equal first steps.
     rows = [run("none", 0, 5.0, 1.0), run("echo", 0, 6.0, 2.0),
             run("none", 1, 5.0, 1.0), run("echo", 1, 4.0, 1.0)]
-    assert offline.tokens_per_s_after_first_step(rows[0]) == pytest.approx(200.0)
-    echo = {e["method"]: e for e in offline.summarize(rows, reference="none")}["echo"]
+    assert offline_report.tokens_per_s_after_first_step(rows[0]) == pytest.approx(200.0)
+    echo = {e["method"]: e for e in offline_report.summarize(rows, reference="none")}["echo"]
     assert echo["vs_none"]["per_round"] == [pytest.approx(5 / 6), pytest.approx(5 / 4)]
     assert echo["vs_none_after_first_step"]["per_round"] == [pytest.approx(1.0),
                                                              pytest.approx(4 / 3)]
     # batch 1 (one prompt's prefill per step) and interleaved runs have no such ratio
-    assert offline.tokens_per_s_after_first_step({**rows[0], "batch_size": 1}) is None
-    assert offline.tokens_per_s_after_first_step({**rows[0], "first_step": None}) is None
+    assert offline_report.tokens_per_s_after_first_step({**rows[0], "batch_size": 1}) is None
+    assert offline_report.tokens_per_s_after_first_step({**rows[0], "first_step": None}) is None
 
 
 def test_rounds_must_be_positive() -> None:
@@ -96,37 +95,37 @@ def test_cut_at_first_miss_prices_steps_at_what_they_emitted() -> None:
              {"tokens": 9, "steps": 2, "median_ms": 60.0, "steps_by_emitted": {"1": 1, "5": 1}}]
     # the miss re-priced as a plain step (40), the 5-token step at size 5, between the
     # sizes measured (40 + (60 - 40) * 4 / 8 = 50)
-    assert offline.cut_at_first_miss(steps) == pytest.approx((80 + 120) / (80 + 40 + 50))
-    assert offline.cut_at_first_miss([]) is None
+    assert offline_report.cut_at_first_miss(steps) == pytest.approx((80 + 120) / (80 + 40 + 50))
+    assert offline_report.cut_at_first_miss([]) is None
 
 
 def test_suffix_rows_find_their_venv_or_say_why_not(tmp_path: Path, monkeypatch) -> None:
     # Only vLLM's "suffix" method runs in the separate venv (arctic-inference's plugin
     # must stay out of the interpreter every other method runs in).
-    assert offline.runs_in_suffix_venv({"method": "suffix", "num_speculative_tokens": 8})
-    assert [n for n, spec in offline.METHODS.items() if offline.runs_in_suffix_venv(spec)] \
-        == ["suffix"]
-    monkeypatch.delenv(offline.SUFFIX_VENV_VAR, raising=False)
-    assert offline.suffix_venv() == offline.REPO / ".venv-suffix"
-    monkeypatch.setenv(offline.SUFFIX_VENV_VAR, "some/venv")  # relative: to the repository
-    assert offline.suffix_venv() == offline.REPO / "some" / "venv"
+    assert offline_runner.runs_in_suffix_venv({"method": "suffix", "num_speculative_tokens": 8})
+    assert [n for n, spec in offline.METHODS.items()
+            if offline_runner.runs_in_suffix_venv(spec)] == ["suffix"]
+    monkeypatch.delenv(offline_runner.SUFFIX_VENV_VAR, raising=False)
+    assert offline_runner.suffix_venv() == offline_runner.REPO / ".venv-suffix"
+    monkeypatch.setenv(offline_runner.SUFFIX_VENV_VAR, "some/venv")  # relative: to the repository
+    assert offline_runner.suffix_venv() == offline_runner.REPO / "some" / "venv"
 
-    info, reason = offline.probe_suffix_venv(tmp_path / "missing")
+    info, reason = offline_runner.probe_suffix_venv(tmp_path / "missing")
     assert info is None and "not found" in reason and "bootstrap_suffix.sh" in reason
     # A "venv" whose python is this interpreter, which has no arctic-inference.
     fake = tmp_path / "fake" / "bin" / "python"
     fake.parent.mkdir(parents=True)
     fake.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     fake.chmod(0o755)
-    info, reason = offline.probe_suffix_venv(tmp_path / "fake")
+    info, reason = offline_runner.probe_suffix_venv(tmp_path / "fake")
     assert info is None and "cannot import arctic_inference.suffix_decoding" in reason
 
     monkeypatch.setenv("ARCTIC_INFERENCE_ENABLED", "1")
-    env = offline._worker_env(str(fake))
+    env = offline_runner._worker_env(str(fake))
     assert "ARCTIC_INFERENCE_ENABLED" not in env
     assert env["VIRTUAL_ENV"] == str(tmp_path / "fake")
     assert env["PATH"].split(os.pathsep)[0] == str(fake.parent)
-    here = offline._worker_env()  # this interpreter's rows: its environment as it is
+    here = offline_runner._worker_env()  # this interpreter's rows: its environment as it is
     assert "ARCTIC_INFERENCE_ENABLED" not in here
     assert here.get("PATH") == os.environ.get("PATH")
     assert here.get("VIRTUAL_ENV") == os.environ.get("VIRTUAL_ENV")
@@ -137,15 +136,15 @@ def test_accepted_tokens_by_source_are_every_nonzero_counter() -> None:
     stats = {"after_warmup": {"accepted_retrieval": 5, "accepted_logits": 0, "steps": 3},
              "end": {"accepted_retrieval": 45, "accepted_logits": 10, "accepted_tree": 0,
                      "accepted_new_source": 7, "steps": 90, "tree_enabled": True}}
-    counts = offline.accepted_by_source(stats)
+    counts = offline_report.accepted_by_source(stats)
     assert counts == {"accepted_retrieval": 40, "accepted_logits": 10,
                       "accepted_new_source": 7}
-    assert offline.accepted_by_source(None) is None
-    assert offline._sources_text(counts) == "retrieval 40 (70%), logits 10 (18%), " \
+    assert offline_report.accepted_by_source(None) is None
+    assert offline_report._sources_text(counts) == "retrieval 40 (70%), logits 10 (18%), " \
                                             "new_source 7 (12%)"
     rows = [{**_run("echo", k, 20.0), "accepted_by_source": {"accepted_retrieval": 10 + k}}
             for k in range(2)] + [_run("none", k, 10.0) for k in range(2)]
-    summary = {e["method"]: e for e in offline.summarize(rows, reference="none")}
+    summary = {e["method"]: e for e in offline_report.summarize(rows, reference="none")}
     assert summary["echo"]["accepted_by_source"] == {"accepted_retrieval": 21}
     assert "accepted_by_source" not in summary["none"]
 
@@ -156,5 +155,5 @@ def test_echo_accepted_tokens_by_family() -> None:
     stats = {"after_warmup": {"accepted_chain": 9, "echo": {"accepted_by_kind": {
                  "retrieved": 20, "head": 0, "shared": 6, "recycled": 1}}},
              "end": {"accepted_chain": 1327, "echo": {"accepted_by_kind": kinds}}}
-    assert offline.accepted_by_source(stats) == {"accepted_retrieved": 100,
+    assert offline_report.accepted_by_source(stats) == {"accepted_retrieved": 100,
                                                  "accepted_shared": 1200}

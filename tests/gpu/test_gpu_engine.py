@@ -16,16 +16,15 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def _generate(model, spec, with_stats=False, **engine_kwargs):
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     from vllm_echo import prompts
-    from vllm_echo.plugin.proposers.logitspec import worker_stats
+    from vllm_echo.engines import build_llm, drafter_stats
 
-    llm = LLM(model, speculative_config=spec, dtype="float32", max_model_len=2048,
-              gpu_memory_utilization=0.3, seed=0, **engine_kwargs)
+    llm = build_llm(spec, model=model, **engine_kwargs)
     chats = [p.as_chat() for p in prompts.load(prompts.SPEC_BENCH, n=8)]
     outs = llm.chat(chats, SamplingParams(temperature=0, max_tokens=64), use_tqdm=False)
-    stats = [s for s in llm.collective_rpc(worker_stats) if s][0] if with_stats else None
+    stats = drafter_stats(llm) if with_stats else None
     del llm
     gc.collect()
     torch.cuda.empty_cache()
@@ -63,22 +62,20 @@ def test_cuda_seeded_sampled_trees_accept_and_reproduce(monkeypatch):
     the GPU, and the tree verdicts derive their random numbers from the generator's
     seed without drawing from it (tree_verdicts.request_rng), so trees accept drafts
     (nothing fails on the device generator) and the same seeds give the same text."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     from vllm_echo import prompts
-    from vllm_echo.models import default_model_path
-    from vllm_echo.plugin.proposers.logitspec import worker_stats
+    from vllm_echo.engines import build_llm, drafter_stats
 
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(function)
-    llm = LLM(default_model_path(), speculative_config={"method": "logitspec", "capacity": 16},
-              dtype="float32", max_model_len=2048, gpu_memory_utilization=0.3, seed=0,
-              attention_backend="FLEX_ATTENTION", enforce_eager=True)
+    llm = build_llm({"method": "logitspec", "capacity": 16},
+                    attention_backend="FLEX_ATTENTION", enforce_eager=True)
     chats = [p.as_chat() for p in prompts.load(prompts.SPEC_BENCH, n=8)]
     params = [SamplingParams(temperature=0.8, top_p=0.95, max_tokens=64, seed=i)
               for i in range(len(chats))]
     first = [list(o.outputs[0].token_ids) for o in llm.chat(chats, params, use_tqdm=False)]
     again = [list(o.outputs[0].token_ids) for o in llm.chat(chats, params, use_tqdm=False)]
-    stats = [s for s in llm.collective_rpc(worker_stats) if s][0]
+    stats = drafter_stats(llm)
     del llm
     gc.collect()
     torch.cuda.empty_cache()

@@ -22,13 +22,14 @@ if __name__ == "__main__":
 
     NewRequestData.from_request = classmethod(NewRequestData.from_request.__func__.__wrapped__)
 
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
+    from vllm_echo.engines import build_llm
     from vllm_echo.plugin.tenancy import CACHE_SALT_KEY
 
     model, chat = sys.argv[1], json.loads(sys.argv[2])
-    llm = LLM(model, speculative_config={"method": "logitspec", "shared_outputs": True},
-              **ENGINE_KWARGS)
+    llm = build_llm({"method": "logitspec", "shared_outputs": True}, model=model,
+                    **ENGINE_KWARGS)
     params = SamplingParams(temperature=0, max_tokens=int(sys.argv[3]))
     spoofed = SamplingParams(temperature=0, max_tokens=int(sys.argv[3]),
                              extra_args={CACHE_SALT_KEY: "tenant-a"})

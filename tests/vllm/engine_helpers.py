@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Helpers for tests that run vLLM (CPU backend, embedded model, fp32)."""
+"""Helpers for tests that run vLLM (CPU backend, embedded model, fp32): engines built by
+vllm_echo.engines.build_llm, with the tests' overrides."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import os
 
 from timing import StartClock
 
-# fp32: in bf16 greedy text differs with batch shape alone, so identity needs fp32.
-ENGINE_KWARGS = dict(dtype="float32", enforce_eager=True, max_model_len=2048, seed=0,
-                     kv_cache_memory_bytes=256 * 2**20)
+from vllm_echo.engines import ENGINE_DEFAULTS
+
+# The package's engine defaults, but eager (a faster start) and a smaller KV cache, so
+# that the session's shared engines and a module's own live side by side. Also the
+# engine arguments of the Ray tests' configs.
+ENGINE_KWARGS = {**ENGINE_DEFAULTS, "enforce_eager": True, "kv_cache_memory_bytes": 256 * 2**20}
 
 
 # Length of the shared no-speculation greedy reference (conftest.greedy_reference);
@@ -28,16 +32,14 @@ os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
 def engine(model: str, speculative_config=None, **kwargs):
     """An LLM that is shut down on exit (fixtures that share one engine between tests
     hold it for their scope; the session's no-spec engine is the one that stays up)."""
-    from vllm import LLM
+    from vllm_echo.engines import build_llm, shutdown
 
     with StartClock("engine"):
-        llm = LLM(model, speculative_config=speculative_config,
-                  **{**ENGINE_KWARGS, "disable_log_stats": False, **kwargs})
+        llm = build_llm(speculative_config, model=model, **{**ENGINE_KWARGS, **kwargs})
     try:
         yield llm
     finally:
-        with contextlib.suppress(Exception):
-            llm.llm_engine.engine_core.shutdown()
+        shutdown(llm)
         del llm
         gc.collect()
 
@@ -49,23 +51,13 @@ def accepted_tokens(stats: dict) -> int:
     return sum(v for k, v in stats.items() if k.startswith("accepted_"))
 
 
-def spec_counters(llm) -> dict[str, float]:
-    """vLLM's speculative-decoding counters. They live in the process's metrics
-    registry, which the newest engine of the process owns: read them only from an
-    engine started inside the test."""
-    out = {}
-    for metric in llm.get_metrics():
-        if metric.name.startswith("vllm:spec_decode"):
-            out[metric.name] = getattr(metric, "value", None) if hasattr(metric, "value") \
-                else list(metric.values)
-    return out
-
-
 def drafter_stats(llm) -> dict:
     """The drafter's counters on the first worker that has one (rank 0)."""
-    from vllm_echo.plugin.proposers.logitspec import worker_stats
+    from vllm_echo.engines import drafter_stats as first_drafter_stats
 
-    return [s for s in llm.collective_rpc(worker_stats) if s][0]
+    stats = first_drafter_stats(llm)
+    assert stats is not None, "the engine's drafter is not vllm-echo's"
+    return stats
 
 
 def since(before: dict, after: dict) -> dict:

@@ -12,9 +12,10 @@ if __name__ == "__main__":
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:0] = [here, os.path.dirname(here)]  # engine_helpers imports tests/timing.py
     from engine_helpers import ENGINE_KWARGS
-    from vllm import LLM
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
     from vllm.v1.worker import cpu_model_runner
+
+    from vllm_echo.engines import build_llm
 
     def get_model(**kwargs):
         raise RuntimeError("injected model load failure")
@@ -23,8 +24,7 @@ if __name__ == "__main__":
     backend = AttentionBackendEnum.CPU_ATTN
     before = backend.is_overridden()
     try:
-        LLM(sys.argv[1], speculative_config={"method": "logitspec", "tree": True},
-            **ENGINE_KWARGS)
+        build_llm({"method": "logitspec", "tree": True}, model=sys.argv[1], **ENGINE_KWARGS)
         failed, reason = False, ""
     except Exception as exc:  # noqa: BLE001 - the point is that it fails
         failed, reason = True, f"{type(exc).__name__}: {exc}"

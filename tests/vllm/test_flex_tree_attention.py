@@ -12,10 +12,11 @@ so requests are preempted and resumed with trees in flight.
 
 import pytest
 import torch
-from engine_helpers import REFERENCE_MAX_TOKENS, engine, spec_counters
+from engine_helpers import REFERENCE_MAX_TOKENS, engine
 from flat_cost_echo import KNEE
 from flat_cost_echo import speculative_config as flat_cost_echo
 
+from vllm_echo.engines import spec_decode_counters
 from vllm_echo.plugin.proposers.logitspec import worker_stats
 
 BATCH1_PROMPTS = 12  # the longest of them fills a KV block to share
@@ -74,7 +75,7 @@ def test_flex_tree_attention_greedy_identical_to_no_speculation(
         batched = _tokens(llm.chat(chats, _greedy(REFERENCE_MAX_TOKENS), use_tqdm=False))
         preemptions = _metric(llm, "vllm:num_preemptions")
         stats = [s for s in llm.collective_rpc(worker_stats) if s][0]
-        counters = spec_counters(llm)
+        counters = spec_decode_counters(llm)
     one_at_a_time = [*range(BATCH1_PROMPTS), longest]
     expected = [greedy_reference[i][:BATCH1_MAX_TOKENS] for i in one_at_a_time]
     bad = [i for i, a, b in zip(one_at_a_time, single, expected) if a != b]

@@ -2,8 +2,9 @@
 """LogitSpec forests verified as token trees inside vLLM's CPU backend (fp32)."""
 
 import pytest
-from engine_helpers import (REFERENCE_MAX_TOKENS, drafter_stats, engine, faults, since,
-                            spec_counters)
+from engine_helpers import REFERENCE_MAX_TOKENS, drafter_stats, engine, faults, since
+
+from vllm_echo.engines import spec_decode_counters
 
 pytestmark = pytest.mark.engine
 
@@ -63,7 +64,7 @@ def test_tree_batch_compiled_identical_to_no_speculation(model_path, spec_bench_
     with engine(model_path, TREE, max_num_seqs=16, enforce_eager=False) as llm:
         got = _tokens(llm.chat([p.as_chat() for p in spec_bench_16], _greedy(),
                                use_tqdm=False))
-        stats, counters = drafter_stats(llm), spec_counters(llm)
+        stats, counters = drafter_stats(llm), spec_decode_counters(llm)
     _assert_same(got, [r[:MAX_TOKENS] for r in greedy_reference])
     _check_trees_verified(stats)
     assert counters["vllm:spec_decode_num_accepted_tokens"] > 0
