@@ -48,7 +48,9 @@ WARMUP_MESSAGES = ("Write a short poem about the sea.",
 # first few categories only: how much drafts get accepted differs by category.
 SINGLE_PROMPTS_MAX = 7
 
-METHODS = {name: SPECULATIVE_CONFIGS[name] for name in ("none", "ngram", "logitspec", "echo")}
+# logitspec and echo as users get them: the plugin's defaults for this platform
+METHODS = {**{name: SPECULATIVE_CONFIGS[name] for name in ("none", "ngram")},
+           "logitspec": {"method": "logitspec"}, "echo": {"method": "echo"}}
 
 
 def quiet(verbose: bool) -> None:
