@@ -90,10 +90,11 @@ class AcceptanceModel:
         self.num_heads = self._head_edges.size + 1
         self._other_start = self.num_retrieved + self.num_heads  # _OTHER_KINDS in order
         depths = self._depth_edges.size
-        # buckets per other kind: shared and recycled by depth; prediction by depth and
-        # match-length class, like a retrieved token
-        widths = np.array([depths, depths, depths * self._lengths], dtype=np.int64)
-        self._kind_starts = self._other_start + np.concatenate(([0], np.cumsum(widths)))
+        # match-length classes per other kind: shared and recycled by depth only,
+        # prediction by depth and class, like a retrieved token
+        self._kind_classes = np.array([1, 1, self._lengths], dtype=np.int64)
+        self._kind_starts = self._other_start + np.concatenate(
+            ([0], np.cumsum(depths * self._kind_classes)))
         size = int(self._kind_starts[-1])
         priors = np.empty((size, 2))
         priors[:self.num_retrieved] = tune.retrieved_prior
@@ -117,8 +118,7 @@ class AcceptanceModel:
         first = self.rates[0:self._lengths].max()
         for origin in self.other_origins:  # depth 1 is each kind's first row
             start = self._kind_starts[origin - 1]
-            width = self._lengths if origin == len(_OTHER_KINDS) else 1
-            first = max(first, self.rates[start:start + width].max())
+            first = max(first, self.rates[start:start + self._kind_classes[origin - 1]].max())
         return (float(first),
                 float(self.rates[self.num_retrieved:self._other_start].max()))
 
@@ -137,13 +137,11 @@ class AcceptanceModel:
             np.searchsorted(self._match_edges, match_len, side="right") - 1, 0)
         out = depth_bucket * self._lengths + length_class
         if origin is not None and origin.any():
-            kind = origin.astype(np.int64) - 1  # index in _OTHER_KINDS
-            other = kind >= 0
-            predicted = kind == len(_OTHER_KINDS) - 1
-            out[other] = self._kind_starts[kind[other]] + depth_bucket[other]
-            out[predicted] = (self._kind_starts[kind[predicted]]
-                              + depth_bucket[predicted] * self._lengths
-                              + length_class[predicted])
+            other = origin > 0
+            kind = origin[other].astype(np.int64) - 1  # index in _OTHER_KINDS
+            classes = self._kind_classes[kind]
+            out[other] = (self._kind_starts[kind] + depth_bucket[other] * classes
+                          + np.minimum(length_class[other], classes - 1))
         heads = rank >= 0
         if heads.any():
             logp = np.asarray(head_logp, dtype=np.float64)[rank[heads]]
@@ -199,11 +197,11 @@ class AcceptanceModel:
 
         out = {"retrieved": [rounded(row) for row in retrieved],
                "head": rounded(self.rates[self.num_retrieved:self._other_start])}
-        starts = self._kind_starts
+        starts, classes = self._kind_starts, self._kind_classes
         for j, kind in enumerate(_OTHER_KINDS):
             rates = self.rates[starts[j]:starts[j + 1]]
-            out[kind] = (rounded(rates) if kind != "prediction" else
-                         [rounded(row) for row in rates.reshape(-1, self._lengths)])
+            out[kind] = (rounded(rates) if classes[j] == 1 else
+                         [rounded(row) for row in rates.reshape(-1, classes[j])])
         out["trials"] = [round(float(x), 1) for x in self.trials]
         return out
 
