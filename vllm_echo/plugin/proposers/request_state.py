@@ -45,8 +45,8 @@ class _OutputCursor:
     def __init__(self, owner: Any, length: int, pool: int | None):
         self.owner = owner
         self.pool = pool  # its tenant's pool of the shared sources (None: no pool)
-        prompt = getattr(owner, "prompt_token_ids", None)  # the prompt is not an output
-        self.stored = len(prompt) if prompt is not None else length
+        prompt = _prompt_length(owner)  # the prompt is not an output
+        self.stored = prompt if prompt is not None else length
 
 
 class TrackedRequests:
@@ -115,8 +115,7 @@ class TrackedRequests:
         self.stats.prediction["requests"] += 1
         # where the output starts: an output that begins like the prediction follows it
         # from its first token
-        return Prediction(ids[:self.max_model_len],
-                          start=getattr(owner, "num_prompt_tokens", None))
+        return Prediction(ids[:self.max_model_len], start=_prompt_length(owner))
 
     def _pool(self, req_id: str, owner: Any) -> int | None:
         """The request's pool of the shared sources from the scheduler's mark (tenancy.py),
@@ -140,3 +139,9 @@ class TrackedRequests:
             self.failures.once(f"chain:{reason}", "vllm-echo: requests with %s are verified "
                                "as a chain, not a tree (logged once).", reason)
         return reason is None
+
+
+def _prompt_length(owner: Any) -> int | None:
+    """Where the request's output starts in its token row (None: a prompt of embeddings)."""
+    prompt = getattr(owner, "prompt_token_ids", None)
+    return len(prompt) if prompt is not None else None
