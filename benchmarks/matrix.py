@@ -5,6 +5,8 @@
     python benchmarks/matrix.py --workloads copy-edit --batch-sizes 1 --dtypes float32
     python benchmarks/matrix.py --smoke                          # CI: one tiny cell, every step runs
     python benchmarks/matrix.py --workloads tool-call agent-loop --dtypes float32
+    python benchmarks/matrix.py --workloads spec-bench short-chat --batch-sizes 1 8 \
+        --cells batch --methods none ngram logitspec echo --temperature 0.7 --top-p 0.95
 
 Each cell (workload, dtype, batch size) is one ``offline.py`` run with ``--repeats``
 paired rounds; at batch 1 each round is interleaved (``offline.py --interleave``: the
@@ -33,6 +35,14 @@ prefill (``offline.py --window-steps 64``; 16 prompts of up to 256 tokens, so no
 ends inside the window), none against echo; echo / none per round of the tokens per
 second of those steps, target "echo >= none at cold start". Not for the agent loop,
 whose turns are no single wave of prompts.
+
+Sampled cells: ``--temperature T --top-p P`` (passed on to offline.py: every request
+sampled with seed 0) make every cell of the run a sampled one, with the targets of a
+greedy cell of its batch size. Its record carries ``temperature`` and ``top_p`` (a
+greedy one 0 and 1.0; a cell without them is greedy), its results go to a folder of
+their own, its workload reads e.g. ``spec-bench, T=0.7 top-p 0.95``, and it never
+replaces the greedy cell of the same workload, dtype and batch size when published
+(render_tables.py). Identity with ``none`` is not compared (``identical``: None).
 """
 
 from __future__ import annotations
@@ -86,10 +96,47 @@ SMOKE = dict(workloads=["copy-edit"], batch_sizes=[1], dtypes=["float32"], repea
              prompts=2, max_tokens=16, methods=["none", "ngram", "echo"], cells=["batch"])
 
 
-def cell_folder(out: Path, workload: str, dtype: str, batch: int, kind: str) -> Path:
+def sampling(cell: dict) -> tuple[float, float]:
+    """A cell's (temperature, top_p); a cell recorded without them is greedy."""
+    temperature = float(cell.get("temperature") or 0.0)
+    top_p = cell.get("top_p")
+    return temperature, 1.0 if top_p is None or temperature == 0 else float(top_p)
+
+
+def sampling_label(cell: dict) -> str:
+    """"T=0.7 top-p 0.95" for a sampled cell; "" for a greedy one."""
+    temperature, top_p = sampling(cell)
+    return f"T={temperature} top-p {top_p}" if temperature > 0 else ""
+
+
+def cell_key(cell: dict) -> tuple:
+    """What tells cells apart: a later one of the same key replaces an earlier one."""
+    return (cell["workload"], cell["dtype"], cell["batch_size"], cell.get("kind", "batch"),
+            *sampling(cell))
+
+
+def workload_label(cell: dict) -> str:
+    """The workload, then the cell's kind where it is not a batch cell, then its
+    sampling where it is not greedy (matrix.md, the published tables)."""
+    return ", ".join([cell["workload"]]
+                     + (["cold start"] if cell.get("kind") == "cold-start" else [])
+                     + ([sampling_label(cell)] if sampling_label(cell) else []))
+
+
+def cell_folder(out: Path, workload: str, dtype: str, batch: int, kind: str,
+                temperature: float = 0.0, top_p: float = 1.0) -> Path:
     """Where a cell's offline.py results go inside a matrix run's folder."""
     suffix = "cold-start" if kind == "cold-start" else f"b{batch}"
+    if temperature > 0:
+        suffix += f"-t{temperature}-p{top_p}"
     return out / f"{workload}-{dtype}-{suffix}"
+
+
+def sampling_argv(args) -> list[str]:
+    """offline.py's options for the run's sampling (none when greedy)."""
+    if args.temperature == 0:
+        return []
+    return ["--temperature", str(args.temperature), "--top-p", str(args.top_p)]
 
 
 def prompts_for(workload: str, batch: int, prompts: int) -> int:
@@ -146,7 +193,7 @@ def run_cell(args, workload: str, dtype: str, batch: int, out: Path) -> dict:
             "--num-prompts", str(prompts_for(workload, batch, args.prompts)),
             "--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats),
             "--reference", "echo", "--out", str(out), "--methods", *methods,
-            *WORKLOAD_ARGS.get(workload, [])]
+            *WORKLOAD_ARGS.get(workload, []), *sampling_argv(args)]
     offline.main(argv + (["--interleave"] if batch == 1 else [])
                  + (["--window-steps", str(LOADED["window_steps"])]
                     if batch >= LOADED["min_batch"] else [])
@@ -167,7 +214,8 @@ def run_cold_start_cell(args, workload: str, dtype: str, out: Path) -> dict:
             "--max-tokens", str(COLD_START["max_tokens"]), "--repeats", str(args.repeats),
             "--reference", "echo", "--out", str(out), "--no-warmup",
             "--window-steps", str(COLD_START["window_steps"]),
-            "--methods", *COLD_START["methods"], *WORKLOAD_ARGS.get(workload, [])]
+            "--methods", *COLD_START["methods"], *WORKLOAD_ARGS.get(workload, []),
+            *sampling_argv(args)]
     offline.main(argv + (["--eager"] if args.eager else []))
     return json.loads((out / "results.json").read_text(encoding="utf-8"))
 
@@ -179,18 +227,17 @@ def cell_record(args, report: dict, workload: str, dtype: str, batch: int, kind:
     ran = [r["num_prompts"] for r in report["results"] if r.get("num_prompts")]
     git = (report.get("environment") or {}).get("git") or {}
     return {"workload": workload, "dtype": dtype, "batch_size": batch, "kind": kind,
+            "temperature": args.temperature, "top_p": args.top_p,
             "mode": "eager" if args.eager else "compiled",
             # cells of several runs are published side by side, each with its commit
             "commit": git.get("commit"), "dirty": git.get("dirty"),
             "max_tokens": report["max_tokens"], "prompts": max(ran, default=prompts),
             "summary": report["summary"],
+            # the same targets as a greedy cell of the batch size
             "targets": check_cell(report, workload, batch, kind),
+            # None per method when sampled: identity is compared only when greedy
             "identical": {r["method"]: r["identical_to_none"]
                           for r in report["results"] if r["round"] == 0}}
-
-
-def _workload_label(cell: dict) -> str:
-    return cell["workload"] + (", cold start" if cell.get("kind") == "cold-start" else "")
 
 
 def markdown(cells: list[dict]) -> str:
@@ -200,7 +247,7 @@ def markdown(cells: list[dict]) -> str:
         for t in cell["targets"]:
             ratios = " / ".join(f"{r:.2f}" for r in t["ratios"]) or "–"
             met = {True: "met", False: "**not met**", None: "–"}[t["met"]]
-            lines.append(f"| {_workload_label(cell)} | {cell['dtype']} | "
+            lines.append(f"| {workload_label(cell)} | {cell['dtype']} | "
                          f"{cell['batch_size']} | {cell['prompts']} | {t['target']} | "
                          f"{t['against']} | {ratios} | {bench_common.fmt(t['median'])} | "
                          f"{met} |")
@@ -209,7 +256,7 @@ def markdown(cells: list[dict]) -> str:
     for cell in cells:
         for e in cell["summary"]:
             lines.append(
-                f"| {_workload_label(cell)} | {cell['dtype']} | {cell['batch_size']} | "
+                f"| {workload_label(cell)} | {cell['dtype']} | {cell['batch_size']} | "
                 f"{e['method']} "
                 f"| {e['output_tokens_per_s']['median']:.1f} | {e['tokens_per_forward']:.2f} | "
                 f"{offline_report.ratio_text(e.get('vs_none')) or '–'} | "
@@ -242,12 +289,21 @@ def main(argv: list[str] | None = None) -> int:
                         f"(per workload and dtype: batch {COLD_START['batch']}, "
                         f"{COLD_START['prompts']} prompts x {COLD_START['max_tokens']} tokens "
                         "on fresh engines without warm-up, none vs echo; not the agent loop)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="passed on to offline.py: 0 greedy (default), > 0 sampled cells "
+                        "(seed 0), labelled and kept apart from the greedy ones")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="passed on to offline.py with --temperature > 0 (default 1.0)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--smoke", action="store_true", help=f"CI: {SMOKE}")
     args = p.parse_args(argv)
     if args.smoke:
         for key, value in SMOKE.items():
             setattr(args, key, value)
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        p.error("--temperature must be >= 0 and --top-p in (0, 1]")
+    if args.top_p != 1 and args.temperature == 0:
+        p.error("--top-p needs --temperature > 0 (greedy decoding ignores it)")
     out = args.out or bench_common.RESULTS_DIR / time.strftime("matrix-%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     cells: list[dict[str, Any]] = []
@@ -262,13 +318,15 @@ def main(argv: list[str] | None = None) -> int:
                 for batch in args.batch_sizes or WORKLOAD_BATCH_SIZES.get(workload,
                                                                           DEFAULT_BATCH_SIZES):
                     report = run_cell(args, workload, dtype, batch,
-                                      cell_folder(out, workload, dtype, batch, "batch"))
+                                      cell_folder(out, workload, dtype, batch, "batch",
+                                                  args.temperature, args.top_p))
                     save(cell_record(args, report, workload, dtype, batch, "batch",
                                      prompts_for(workload, batch, args.prompts)))
             if "cold-start" in args.cells and cold_start_workload(workload):
                 report = run_cold_start_cell(
                     args, workload, dtype,
-                    cell_folder(out, workload, dtype, COLD_START["batch"], "cold-start"))
+                    cell_folder(out, workload, dtype, COLD_START["batch"], "cold-start",
+                                args.temperature, args.top_p))
                 save(cell_record(args, report, workload, dtype, COLD_START["batch"],
                                  "cold-start", COLD_START["prompts"]))
     print(markdown(cells))

@@ -9,6 +9,7 @@
     python benchmarks/offline.py --dataset tool_call_question.jsonl --batch-sizes 1 8 16
     python benchmarks/offline.py --multi-turn --dataset agent_loop_question.jsonl \\
         --max-model-len 8192
+    python benchmarks/offline.py --temperature 0.7 --top-p 0.95 --batch-sizes 1 8
 
 Every (method, batch size) runs in its own process (offline_worker.py): no engine
 state, caches or compiled kernels are shared, and a crash costs one row only. Engines
@@ -47,6 +48,11 @@ and the prompts go to them one at a time, each prompt to every method in turn (t
 order rotated per prompt), so a method's wall time is the sum of its prompts' and a
 slow stretch of a shared machine costs every method alike, which whole-run rounds
 cannot pair when the machine's speed drifts within a round.
+
+Sampling: greedy by default; ``--temperature T`` (> 0) with ``--top-p P`` samples
+every request with seed 0, the same for every method. Speculative sampling keeps the
+output distribution, not the samples: a method's outputs need not match ``none``'s
+token for token, so identity with ``none`` is compared only when greedy.
 
 ``suffix`` (vLLM's SuffixDecoding) rows run in a venv of their own (offline_runner.py).
 
@@ -109,7 +115,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "enforce_eager); default: vLLM's compiled mode")
     p.add_argument("--attention-backend", default=None,
                    help="vLLM attention backend for every method (CUDA trees: FLEX_ATTENTION)")
-    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0: greedy (default); > 0: sampled, seed 0 for every request")
+    p.add_argument("--top-p", type=float, default=1.0,
+                   help="nucleus sampling with --temperature > 0 (default 1.0: off)")
     p.add_argument("--kv-cache-gib", type=float, default=None,
                    help="KV cache size (default: room for the batch's longest requests at once)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per configuration")
@@ -140,6 +149,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             setattr(args, key, value)
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.temperature < 0 or not 0 < args.top_p <= 1:
+        p.error("--temperature must be >= 0 and --top-p in (0, 1]")
+    if args.top_p != 1 and args.temperature == 0:
+        p.error("--top-p needs --temperature > 0 (greedy decoding ignores it)")
     if args.window_steps is not None and (args.window_steps < 1 or args.interleave
                                           or args.multi_turn):
         p.error("--window-steps needs N >= 1, and neither --interleave nor --multi-turn")
@@ -205,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {
         "benchmark": "offline", "model": model, "dataset": args.dataset,
         "max_tokens": args.max_tokens, "temperature": args.temperature,
-        "max_model_len": args.max_model_len, "batch_sizes": args.batch_sizes,
+        "top_p": args.top_p, "max_model_len": args.max_model_len,
+        "batch_sizes": args.batch_sizes,
         "methods": methods, "skipped_prompts_too_long": skipped,
         "environment": bench_common.environment(args.dtype), "notes": [], "results": [],
         "repeats": args.repeats, "reference": args.reference,
@@ -226,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                 "attention_backend": args.attention_backend, "enforce_eager": args.eager,
                 "warmup": not args.no_warmup, "window_steps": args.window_steps,
                 "batch_size": batch, "max_tokens": args.max_tokens,
-                "temperature": args.temperature,
+                "temperature": args.temperature, "top_p": args.top_p,
                 **{key: value[:n] for key, value in items.items()},
                 "categories": [p.category for p in prompts[:n]],
                 "warmup_prompt_ids": warm_ids}

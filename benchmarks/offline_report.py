@@ -199,6 +199,7 @@ def markdown(report: dict) -> str:
     head = (f"# Offline benchmark\n\nModel `{report['model']}`, dataset `{report['dataset']}`, "
             f"{env['dtype']}, {'eager' if report.get('enforce_eager') else 'compiled'}, "
             f"max_tokens {report['max_tokens']}, temperature {report['temperature']}"
+            f"{'' if report['temperature'] == 0 else ', top-p ' + str(report.get('top_p', 1.0))}"
             f"{'' if report.get('warmup', True) else ', cold start (no warm-up)'}; "
             f"vLLM {env['vllm']}, {env['cpu']} ({env['cpu_count']} cores), device "
             f"{env['device']}, commit {env['git']['commit']}"

@@ -226,7 +226,8 @@ def run(job: dict) -> dict:
     drafter = llm.collective_rpc(_wrap_propose)[0] if job["speculative_config"] else None
 
     def params(max_tokens: int, kind) -> Any:
-        return SamplingParams(temperature=job["temperature"], max_tokens=max_tokens,
+        return SamplingParams(temperature=job["temperature"], top_p=job.get("top_p", 1.0),
+                              max_tokens=max_tokens,
                               seed=0 if job["temperature"] > 0 else None, output_kind=kind)
 
     # Warm-up through llm.chat: compiles numba kernels, and checks that our rendering

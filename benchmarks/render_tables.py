@@ -89,8 +89,17 @@ def _ratios(values: list[float]) -> str:
 
 
 def _workload(cell: dict) -> str:
-    """The workload, and the cell's kind where it is not a batch cell (matrix.py)."""
-    return cell["workload"] + (", cold start" if cell.get("kind") == "cold-start" else "")
+    """The workload, the cell's kind where it is not a batch cell and its sampling where
+    it is not greedy (matrix.py; a cell without temperature is greedy)."""
+    return matrix.workload_label(cell)
+
+
+def _note_key(cell: dict, target: str) -> str:
+    """A target's key in notes.json: workload/dtype/batch/target, and the sampling
+    before the target for a sampled cell."""
+    sampled = matrix.sampling_label(cell)
+    return "/".join([cell["workload"], cell["dtype"], str(cell["batch_size"]),
+                     *([sampled] if sampled else []), target])
 
 
 def render_targets() -> str:
@@ -102,7 +111,7 @@ def render_targets() -> str:
     for cell in cells:
         commit = (cell.get("commit") or "–")[:7] + ("+" if cell.get("dirty") else "")
         for t in cell["targets"]:
-            key = f"{cell['workload']}/{cell['dtype']}/{cell['batch_size']}/{t['target']}"
+            key = _note_key(cell, t["target"])
             status = {True: "met", False: "**not met**", None: "–"}[t["met"]]
             why = "" if t["met"] else notes.get(key, "(no note yet)")
             median = "–" if t["median"] is None else f"{t['median']:.3f}"
@@ -129,9 +138,11 @@ def render_methods() -> str:
                 continue
             vs_none = entry.get("vs_none")
             ratio = "–" if not vs_none else f"{vs_none['median']:.2f}x"
+            identical = cell["identical"].get(method, "–")
             line += (f" {entry['output_tokens_per_s']['median']:.1f} tok/s, {ratio}, "
                      f"{entry['tokens_per_forward']:.2f} tok/fwd, "
-                     f"{cell['identical'].get(method, '–')} identical |")
+                     + ("sampled |" if identical is None and matrix.sampling_label(cell)
+                        else f"{identical} identical |"))
         rows.append(line)
     return ("Each cell: median output tokens per second, its ratio to `none` of the same "
             "round, tokens per target forward, outputs identical to `none`'s. "
@@ -219,24 +230,23 @@ def merge_examples(runs: list[dict]) -> dict:
     return merged
 
 
-def _cell_key(cell: dict) -> tuple:
-    return cell["workload"], cell["dtype"], cell["batch_size"], cell.get("kind", "batch")
-
-
 def merge_matrices(folders: list[Path]) -> list[dict]:
     """The cells of several matrix.py runs as one matrix: a later folder's cell replaces
-    an earlier one of the same workload, dtype, batch size and kind; every cell carries
-    the commit it ran at (read from its offline.py results where matrix.json has none)."""
+    an earlier one of the same workload, dtype, batch size, kind and sampling
+    (matrix.cell_key: a sampled cell and the greedy one stay side by side; a cell without
+    temperature is greedy); every cell carries the commit it ran at (read from its
+    offline.py results where matrix.json has none)."""
     cells: dict[tuple, dict] = {}
     for folder in folders:
         for cell in json.loads((folder / "matrix.json").read_text(encoding="utf-8")):
             if not cell.get("commit"):
                 report = matrix.cell_folder(folder, cell["workload"], cell["dtype"],
-                                            cell["batch_size"], cell.get("kind", "batch"))
+                                            cell["batch_size"], cell.get("kind", "batch"),
+                                            *matrix.sampling(cell))
                 report = report / "results.json"
                 git = json.loads(report.read_text(encoding="utf-8"))["environment"]["git"]
                 cell = {**cell, "commit": git["commit"], "dirty": git["dirty"]}
-            cells[_cell_key(cell)] = cell  # a replaced cell keeps its place
+            cells[matrix.cell_key(cell)] = cell  # a replaced cell keeps its place
     return list(cells.values())
 
 

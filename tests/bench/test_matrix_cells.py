@@ -2,7 +2,8 @@
 """matrix.py's cells without engines (offline.py stubbed): the cold-start cell runs
 fresh engines without warm-up, batch 16, the first 64 decode steps of 16 prompts x 256
 tokens, none against echo, and reports echo / none per round; the batch-64 cell measures
-64 decode steps at a full batch; the new workloads pass their own offline.py options."""
+64 decode steps at a full batch; the new workloads pass their own offline.py options;
+a sampled cell is labelled, stored and keyed apart from the greedy one."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def calls(monkeypatch) -> list:
                  "output_tokens_per_s": 10.0 * (1.2 if m == "echo" else 1.0) * (k + 1),
                  "token_ids": [[1]]}
                 for b in args.batch_sizes for k in range(args.repeats) for m in args.methods]
-        offline_report.compare_with_none(rows, 0.0)
+        offline_report.compare_with_none(rows, args.temperature)
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(
             {"results": rows, "summary": offline_report.summarize(rows, args.reference),
@@ -85,3 +86,40 @@ def test_batch_64_cell_measures_a_window_at_a_full_batch(tmp_path: Path, calls: 
     # two prompts per slot: a slot whose request ends inside the window is refilled
     assert loaded.batch_sizes == [64] and loaded.num_prompts == 128
     assert loaded.window_steps == 64 and not loaded.no_warmup and not loaded.interleave
+
+
+def test_sampled_cell_is_told_apart_from_the_greedy_one(tmp_path: Path, calls: list) -> None:
+    for extra in ([], ["--temperature", "0.7", "--top-p", "0.95"]):
+        matrix.main(["--workloads", "spec-bench", "--dtypes", "float32", "--batch-sizes", "1",
+                     "--cells", "batch", "--repeats", "1", "--methods", "none", "ngram",
+                     "echo", "--out", str(tmp_path / ("sampled" if extra else "greedy")),
+                     *extra])
+    (_, greedy), (_, sampled) = calls
+    assert (greedy.temperature, greedy.top_p) == (0.0, 1.0)
+    assert (sampled.temperature, sampled.top_p) == (0.7, 0.95) and sampled.interleave
+    (g,) = json.loads((tmp_path / "greedy" / "matrix.json").read_text())
+    (s,) = json.loads((tmp_path / "sampled" / "matrix.json").read_text())
+    assert (g["temperature"], g["top_p"], s["temperature"], s["top_p"]) == (0.0, 1.0, 0.7, 0.95)
+    # the same targets as greedy at batch 1; identity is not compared when sampled
+    assert [t["target"] for t in s["targets"]] == [t["target"] for t in g["targets"]]
+    assert s["targets"][0]["met"] is True
+    assert g["identical"] == {"none": "1/1", "ngram": "1/1", "echo": "1/1"}
+    assert set(s["identical"].values()) == {None}
+    # its own folder, label and key; a greedy cell of old (no temperature) stays greedy
+    assert (tmp_path / "sampled" / "spec-bench-float32-b1-t0.7-p0.95" / "results.json").is_file()
+    assert (tmp_path / "greedy" / "spec-bench-float32-b1" / "results.json").is_file()
+    assert matrix.workload_label(g) == "spec-bench"
+    assert matrix.workload_label(s) == "spec-bench, T=0.7 top-p 0.95"
+    old = {k: v for k, v in g.items() if k not in ("temperature", "top_p")}
+    assert matrix.cell_key(old) == matrix.cell_key(g) != matrix.cell_key(s)
+    assert "| spec-bench | float32 | 1 |" in (tmp_path / "greedy" / "matrix.md").read_text()
+    assert "| spec-bench, T=0.7 top-p 0.95 | float32 | 1 |" in (
+        tmp_path / "sampled" / "matrix.md").read_text()
+
+
+def test_top_p_needs_a_temperature(tmp_path: Path, calls: list) -> None:
+    with pytest.raises(SystemExit):
+        matrix.main(["--workloads", "spec-bench", "--top-p", "0.9", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        offline.parse_args(["--top-p", "0.9"])
+    assert not calls

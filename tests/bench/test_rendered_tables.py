@@ -68,3 +68,65 @@ def test_matrix_runs_merge_cell_by_cell(tmp_path: Path) -> None:
     assert [(c["workload"], c["batch_size"], c["commit"][0], c["targets"][0]["median"])
             for c in merged] == [("copy-edit", 1, "a", 1.1), ("spec-bench", 16, "b", 1.1),
                                  ("spec-bench", 8, "b", 1.2)]
+
+
+def test_sampled_cells_publish_next_to_greedy_ones(tmp_path: Path, monkeypatch) -> None:
+    """--publish matrix GREEDY SAMPLED: a sampled cell (temperature, top_p) keeps its own
+    row beside the greedy cell of the same workload, dtype and batch size, labelled with
+    its sampling; a published cell without temperature is greedy, and a new greedy cell
+    replaces it."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import matrix
+    import render_tables
+
+    env = {"git": {"commit": "c" * 40, "dirty": False}, "date": "2026-01-01",
+           "cpu": "test cpu", "cpu_count": 2, "vllm": "0.0"}
+    summary = [{"method": m, "output_tokens_per_s": {"median": 10.0}, "tokens_per_forward": 1.5,
+                "vs_none": {"median": 1.1}} for m in ("none", "echo")]
+
+    def run(name: str, cells: list[dict]) -> Path:
+        folder = tmp_path / name
+        for cell in cells:
+            sub = matrix.cell_folder(folder, cell["workload"], "float32", 1, "batch",
+                                     *matrix.sampling(cell))
+            sub.mkdir(parents=True)
+            (sub / "results.json").write_text(json.dumps({"environment": env}))
+        (folder / "matrix.json").write_text(json.dumps(cells))
+        return folder
+
+    def cell(median: float, **sampling) -> dict:
+        return {"workload": "spec-bench", "dtype": "float32", "batch_size": 1, "kind": "batch",
+                "prompts": 13, "commit": "c" * 40, "dirty": False, **sampling,
+                "summary": summary, "identical": {"none": None if sampling.get("temperature")
+                                                  else "13/13", "echo": None},
+                "targets": [{"target": "echo >= best at batch 1", "against": "none",
+                             "ratios": [median], "median": median, "met": median >= 1}]}
+
+    old = run("old", [cell(1.01)])  # published before cells carried their sampling
+    greedy = run("greedy", [cell(1.02, temperature=0.0, top_p=1.0)])
+    sampled = run("sampled", [cell(1.07, temperature=0.7, top_p=0.95),
+                              cell(0.97, temperature=1.0, top_p=0.95)])
+    published = tmp_path / "published"
+    published.mkdir()
+    monkeypatch.setattr(render_tables, "PUBLISHED", published)
+    monkeypatch.setattr(render_tables, "SOURCES", published / "sources.json")
+    monkeypatch.setattr(render_tables, "NOTES", published / "notes.json")
+    render_tables.publish("matrix", old, "python benchmarks/matrix.py ...", [sampled, greedy])
+    cells = json.loads((published / "matrix.json").read_text())
+    assert [(matrix.workload_label(c), c["targets"][0]["median"]) for c in cells] == [
+        ("spec-bench", 1.02), ("spec-bench, T=0.7 top-p 0.95", 1.07),
+        ("spec-bench, T=1.0 top-p 0.95", 0.97)]
+    targets = render_tables.render_targets()
+    assert "| spec-bench | float32 | 1 | 13 |" in targets
+    assert "| spec-bench, T=0.7 top-p 0.95 | float32 | 1 | 13 |" in targets
+    assert "| spec-bench, T=1.0 top-p 0.95 | float32 | 1 | 13 |" in targets
+    # an unmet sampled target's note is its own, not the greedy cell's
+    (published / "notes.json").write_text(json.dumps({
+        "spec-bench/float32/1/echo >= best at batch 1": "greedy note",
+        "spec-bench/float32/1/T=1.0 top-p 0.95/echo >= best at batch 1": "sampled note"}))
+    row = next(line for line in render_tables.render_targets().splitlines()
+               if line.startswith("| spec-bench, T=1.0"))
+    assert row.endswith("| **not met** | sampled note |")
+    methods = render_tables.render_methods()
+    assert "spec-bench, b1, float32 | spec-bench, T=0.7 top-p 0.95, b1, float32 |" in methods
+    assert "1.50 tok/fwd, 13/13 identical |" in methods and "1.50 tok/fwd, sampled |" in methods
