@@ -41,7 +41,7 @@ def time_topk(timed) -> None:
 
 def planner_drafts_nothing() -> None:
     """``echo-idle``: every step the planner decides that no draft pays."""
-    def idle(self, num_requests):
+    def idle(self, num_requests, max_drafts):
         self.stats["steps"] += 1
         return "none"
     EchoPlanner.drafting_mode = idle
@@ -51,7 +51,7 @@ def planner_verifies_nothing() -> None:
     """``echo-work``: every step the planner plans in full (top-k read, every request's
     forest built and pooled, the rule run), then takes no node."""
     choose = EchoPlanner._choose
-    EchoPlanner.drafting_mode = lambda self, num_requests: "all"
+    EchoPlanner.drafting_mode = lambda self, num_requests, max_drafts: "all"
     EchoPlanner._choose = lambda self, *args: choose(self, *args)[:0]
 
 

@@ -153,7 +153,8 @@ def simulate_batches(rows: list[dict], batch_sizes: list[int], requests_per_slot
                 kwargs = dict(kwargs)
                 mode = trees != kwargs.pop("other_mode", False)
                 label = name.replace("other mode", "trees" if mode else "chains")
-                runs[label] = echo_replay(rows, capacity, mode, batch, steps(), count,
+                runs[label] = echo_replay(rows, kwargs.pop("capacity", capacity), mode,
+                                          batch, steps(), count,
                                           probe_cost=cost, **kwargs)
             for name, result in runs.items():
                 out.append({"cost": curve_name, "batch": batch, "method": name,

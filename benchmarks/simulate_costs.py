@@ -21,6 +21,11 @@ CPU_B1_STEP_MS = 30.7
 # for 7.5 / 22.4 / 57.5 requests on average, i.e. ~34 ms + ~6.05 ms per request; the
 # K=4 drafters' steps cost ~1.6-1.9 ms more per verified draft token.
 CPU_BATCH_MS = (34.0, 6.05, 1.8)  # (per step, per request, per draft token)
+# What a step with drafts costs beyond its tokens at batch >= 2, as a share of the plain
+# step (vLLM's speculative path: rejection sampler, spec metadata): 20-26 ms of a ~170 ms
+# step at batch 64 (journal 2026-12-06-late), 6-8 ms of 53-56 ms at batch 1 (journal
+# 2026-12-07-drafted-step). The batch-1 curve above was timed with drafts, so has it.
+CPU_DRAFTED_EXTRA = 0.12
 TREE_COST = 0.25  # a request verified as a tree on CPU, in batch-1 steps (ECHO measured)
 
 
@@ -38,7 +43,9 @@ def cpu_step_ms(num_requests: int, num_drafts: int, num_trees: int) -> float:
     if num_requests == 1:
         return CPU_B1_STEP_MS * step_cost(1 + num_drafts) + tree_ms
     per_step, per_request, per_draft = CPU_BATCH_MS
-    return per_step + per_request * num_requests + per_draft * num_drafts + tree_ms
+    plain = per_step + per_request * num_requests
+    extra = CPU_DRAFTED_EXTRA * plain if num_drafts else 0.0
+    return plain + extra + per_draft * num_drafts + tree_ms
 
 
 def hinge_step_ms(num_requests: int, num_drafts: int, num_trees: int,

@@ -12,6 +12,7 @@ from simulate_costs import cpu_step_ms
 from simulate_replay import Replay, replay
 
 from vllm_echo.plugin.config_shim import CPU_ECHO_CAPACITY  # imports no vLLM
+from vllm_echo.plugin.runner.cost_probe import probe_sizes  # imports no vLLM
 
 
 class EchoDrafter:
@@ -24,15 +25,19 @@ class EchoDrafter:
     learned."""
 
     def __init__(self, capacity: int, trees: bool, curve: Callable[[int], float] | None = None,
-                 tuning: dict | None = None, k_max: int | None = None):
+                 tuning: dict | None = None, k_max: int | None = None, batch: int = 1,
+                 probe_cpu: bool = True):
         from vllm_echo.algos.echo import EchoPlanner, EchoTuning
         from vllm_echo.config import ECHO_MAX_NGRAM
 
         self.capacity, self.cap = capacity, capacity - 1
         self.max_ngram = ECHO_MAX_NGRAM
         self.planner = EchoPlanner(EchoTuning(**(tuning or {})), trees=trees, k_max=k_max)
-        if curve is not None:
-            self.planner.cost.set_curve(STARTUP_SIZES, [curve(n) for n in STARTUP_SIZES])
+        if curve is not None:  # the sizes the plugin's probe times (runner/cost_probe.py)
+            tune = self.planner.tuning
+            largest = tune.probe_largest_cpu if probe_cpu else batch * capacity
+            sizes = probe_sizes(batch * capacity, largest)
+            self.planner.cost.set_curve(sizes, [curve(n) for n in sizes])
         self.steps = self.tree_steps = 0
         self.plan_s = 0.0
         self._plans: list = []
@@ -46,7 +51,7 @@ class EchoDrafter:
         start = time.perf_counter()
         empty = (np.empty(0, np.int32), np.empty(0, np.int32))
         drafts, self._plans = [empty] * len(states), [None] * len(states)
-        mode = self.planner.drafting_mode(len(states))
+        mode = self.planner.drafting_mode(len(states), self.cap)
         if mode != "none":
             heads = mode == "all"
             candidates = []
@@ -77,11 +82,6 @@ class EchoDrafter:
                 "rates": snap["rates"], "cost_curve": self.planner.cost.describe()}
 
 
-# Sizes of the start-up curve (the plugin times dummy forwards at several sizes).
-STARTUP_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024,
-                 2048, 4096)
-
-
 def startup_curve(cost: Callable[[int, int, int], float]) -> Callable[[int], float]:
     """What a dummy forward of n tokens costs under ``cost``: one request, n - 1 drafts
     (no per-request work beyond the first, no tree)."""
@@ -91,11 +91,15 @@ def startup_curve(cost: Callable[[int, int, int], float]) -> Callable[[int], flo
 def echo_replay(rows: list[dict], capacity: int, trees: bool, batch: int = 1,
                 cost: Callable[[int, int, int], float] = cpu_step_ms,
                 num_requests: int | None = None, startup: bool = True,
-                tuning: dict | None = None, probe_cost: Callable | None = None
-                ) -> dict[str, Any]:
-    """``probe_cost``: the cost the start-up curve is measured with (default ``cost``)."""
+                tuning: dict | None = None, probe_cost: Callable | None = None,
+                probe_cpu: bool | None = None) -> dict[str, Any]:
+    """``probe_cost``: the cost the start-up curve is measured with (default ``cost``);
+    ``probe_cpu``: the probe stops at EchoTuning.probe_largest_cpu as on a CPU, not at
+    the largest step (default: where ``cost`` is the CPU's)."""
+    if probe_cpu is None:
+        probe_cpu = cost is cpu_step_ms or probe_cost is cpu_step_ms
     drafter = EchoDrafter(capacity, trees, startup_curve(probe_cost or cost) if startup
-                          else None, tuning)
+                          else None, tuning, batch=batch, probe_cpu=probe_cpu)
     return {**replay(rows, drafter, batch, cost, num_requests), **drafter.stats()}
 
 
@@ -105,12 +109,18 @@ ECHO_VARIANTS = {f"echo chain (capacity {CPU_ECHO_CAPACITY})": False,
 # ECHO's rows in the batch comparison: keyword arguments of echo_replay over the default.
 ECHO_RUNS = {"echo": {}, "echo, no start-up curve": {"startup": False},
              "echo, other mode": {"other_mode": True}}
-# --ablations: ECHO with a mechanism switched off (EchoTuning fields).
+# --ablations: ECHO with a mechanism switched off or a number moved (EchoTuning fields;
+# "capacity" is CPU_ECHO_CAPACITY on the CPU curve, 64 on the hinge).
 ECHO_ABLATIONS = {"echo, no match-length buckets": {"tuning": {"match_edges": (1,)}},
                   "echo, no outlier band": {"tuning": {"outlier_band": 0.0}},
-                  # (this replay's CPU cost has no drafted-step extra, so it shows the
-                  # share's cost where there is none, not its gain)
                   "echo, no drafted-step share": {"tuning": {"drafted_share": 0.0}},
+                  "echo, drafted-step share 0.12": {"tuning": {"drafted_share": 0.12}},
+                  "echo, capacity 16": {"capacity": 16},
+                  "echo, capacity 64": {"capacity": 64},
+                  "echo, probe up to 16 tokens": {"tuning": {"probe_largest_cpu": 16},
+                                                  "probe_cpu": True},
+                  "echo, probe up to 128 tokens": {"probe_cpu": True},
+                  "echo, probe up to the largest step": {"probe_cpu": False},
                   "echo, no probe": {"tuning": {"probe_after": 1 << 30}},
                   "echo, no start-up curve, no probe": {"startup": False,
                                                         "tuning": {"probe_after": 1 << 30}}}

@@ -64,8 +64,12 @@ def test_cpu_cost_is_the_measured_curve() -> None:
     # batch 1: any draft costs time, 16 drafts over half a step more
     assert simulate_costs.cpu_step_ms(1, 0, 0) < simulate_costs.cpu_step_ms(1, 1, 0)
     assert simulate_costs.cpu_step_ms(1, 16, 0) > 1.5 * simulate_costs.cpu_step_ms(1, 0, 0)
+    # batch >= 2: a step with drafts also pays the drafted-step extra on its plain time
+    plain = 34.0 + 6.05 * 24
+    assert simulate_costs.cpu_step_ms(24, 0, 0) == pytest.approx(plain)
     assert simulate_costs.cpu_step_ms(24, 10, 1) == pytest.approx(
-        34.0 + 6.05 * 24 + 1.8 * 10 + 0.25 * simulate_costs.CPU_B1_STEP_MS)
+        plain * (1 + simulate_costs.CPU_DRAFTED_EXTRA) + 1.8 * 10
+        + 0.25 * simulate_costs.CPU_B1_STEP_MS)
     assert simulate_costs.hinge_step_ms(64, 192, 5) == 1.0
     assert simulate_costs.hinge_step_ms(64, 448, 0) == 2.0
 

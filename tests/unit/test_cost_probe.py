@@ -9,15 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_echo.plugin.runner.cost_probe import (LARGEST_SIZE, install_cost_probe,
-                                                probe_sizes, time_forwards)
+from vllm_echo.plugin.runner.cost_probe import install_cost_probe, probe_sizes, time_forwards
 
 
 def test_sizes_double_up_to_the_cap():
-    assert probe_sizes(1) == [1]
-    assert probe_sizes(8) == [1, 2, 4, 8]
-    assert probe_sizes(24) == [1, 2, 4, 8, 16, 24]
-    assert probe_sizes(10**6)[-1] == LARGEST_SIZE
+    assert probe_sizes(1, 128) == [1]
+    assert probe_sizes(8, 128) == [1, 2, 4, 8]
+    assert probe_sizes(24, 128) == [1, 2, 4, 8, 16, 24]
+    assert probe_sizes(10**6, 128)[-1] == 128
 
 
 def test_timed_seconds_follow_the_forward_cost():
@@ -69,7 +68,7 @@ def test_a_stall_during_one_size_does_not_price_it():
 
 def test_the_probe_runs_after_the_kv_cache_is_made():
     runner, measured, errors = Runner(), [], []
-    install_cost_probe(runner, 4, lambda *a: measured.append(a),
+    install_cost_probe(runner, [1, 2, 4], 3, lambda *a: measured.append(a),
                        lambda where, exc: errors.append(where), lambda *a: None)
     runner.initialize_kv_cache("config")
     assert runner.events[0] == ("kv", "config")
@@ -89,7 +88,7 @@ def test_a_failing_probe_is_reported_and_the_engine_goes_on():
         raise RuntimeError("no dummy run")
 
     runner._dummy_run = broken
-    install_cost_probe(runner, 4, lambda *a: measured.append(a),
+    install_cost_probe(runner, [1, 2, 4], 3, lambda *a: measured.append(a),
                        lambda where, exc: errors.append(where), lambda *a: None)
     runner.initialize_kv_cache("config")
     assert measured == [] and errors == ["step cost probe"]

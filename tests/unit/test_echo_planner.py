@@ -114,7 +114,7 @@ def test_tree_selection_is_reindexed_parent_first():
 
 def test_a_fixed_k_max_takes_the_best_nodes_whatever_they_cost():
     planner = EchoPlanner(_tuning(0.5, head=0.9), trees=True, k_max=3)
-    assert planner.drafting_mode(1) == "all"  # no cost curve needed
+    assert planner.drafting_mode(1, 8) == "all"  # no cost curve needed
     (tokens, _), = planner.plan([_forest_with_head_chain()], 8, 1)[0]
     assert sorted(tokens.tolist()) == [1, 4, 9]  # 0.9, 0.5, 0.45
 
@@ -122,14 +122,14 @@ def test_a_fixed_k_max_takes_the_best_nodes_whatever_they_cost():
 def test_drafting_mode_says_what_can_pay():
     # B = 4, T = 1 + b n: a node pays iff P > B b / (1 + 4 b) (the break-even).
     planner = EchoPlanner(_tuning(0.5, head=0.1))
-    assert planner.drafting_mode(4) == "none"  # nothing timed, no curve
+    assert planner.drafting_mode(4, 8) == "none"  # nothing timed, no curve
     _linear(planner, 1.0, 0.02)  # break-even 0.074: retrieved and heads pay
-    assert planner.break_even(4) == pytest.approx(4 * 0.02 / 1.08)
-    assert planner.drafting_mode(4) == "all"
+    assert planner.break_even(4, 8) == pytest.approx(4 * 0.02 / 1.08)
+    assert planner.drafting_mode(4, 8) == "all"
     _linear(planner, 1.0, 0.1)  # 0.286: retrieved only
-    assert planner.drafting_mode(4) == "retrieval"
+    assert planner.drafting_mode(4, 8) == "retrieval"
     _linear(planner, 1.0, 1.0)  # 0.8: nothing
-    assert planner.drafting_mode(4) == "none"
+    assert planner.drafting_mode(4, 8) == "none"
 
 
 def test_a_first_draft_pays_for_the_drafted_step_share():
@@ -146,15 +146,15 @@ def test_a_first_draft_pays_for_the_drafted_step_share():
 def test_probe_after_steps_without_a_draft():
     planner = EchoPlanner(_tuning(0.5, probe_after=3, probe_nodes=2))
     _linear(planner, 1.0, 1.0)  # nothing can pay
-    modes = [planner.drafting_mode(4) for _ in range(3)]
+    modes = [planner.drafting_mode(4, 8) for _ in range(3)]
     assert modes == ["none"] * 3
-    assert planner.drafting_mode(4) == "all"  # the 4th step probes
+    assert planner.drafting_mode(4, 8) == "all"  # the 4th step probes
     (tokens, _), = planner.plan([_chain([1, 2, 3])], 8, 4)[0]
     assert tokens.tolist() == [1, 2]  # its 2 best nodes, though they do not pay
     assert planner.snapshot()["probes"] == 1
     # The count starts again; an empty plan counts as a step without a draft too.
     assert planner.plan([_chain([1])], 8, 4)[1] == [None]
-    assert [planner.drafting_mode(4) for _ in range(3)] == ["none", "none", "all"]
+    assert [planner.drafting_mode(4, 8) for _ in range(3)] == ["none", "none", "all"]
 
 
 def test_low_rates_recover_through_probes():
@@ -164,9 +164,9 @@ def test_low_rates_recover_through_probes():
     _linear(planner, 1.0, 0.3)  # break-even at one request: 0.3 / 1.3 = 0.23
     for _ in range(20):  # early drafts are all rejected
         planner.acceptance.observe(np.array([0]), np.array([True]), np.array([False]))
-    assert planner.drafting_mode(1) == "none"
+    assert planner.drafting_mode(1, 8) == "none"
     steps = 0
-    while planner.drafting_mode(1) != "retrieval" or planner._empty_steps:
+    while planner.drafting_mode(1, 8) != "retrieval" or planner._empty_steps:
         drafts, plans = planner.plan([_chain([1, 2])], 8, 1)
         if plans[0] is not None:
             planner.observe([(plans[0], list(range(len(drafts[0][0]))), 5)])

@@ -144,3 +144,18 @@ def test_every_plugin_module_imports_on_its_own():
     with ThreadPoolExecutor(max_workers=2) as pool:
         failed = [r for r in pool.map(fresh_import, plugin_modules) if r[1] != 0]
     assert not failed, failed
+
+
+def test_the_front_end_path_loads_no_numba():
+    """What the front end imports before an engine starts (the plugin's registration and
+    the speculative config's rewrite) must not load numba: vLLM's start-up scan for
+    Triton kernels then trips over numba's llvmlite wrapper in that process, for every
+    method (kernel_scan_guard guards it only if llvmlite was loaded before ``register``)."""
+    front_end = ["vllm_echo.plugin", "vllm_echo.plugin.patches", "vllm_echo.plugin.config_shim",
+                 "vllm_echo.plugin.tenancy", "vllm_echo.config", "vllm_echo.engines"]
+    code = (f"import sys\nfor m in {front_end!r}:\n    __import__(m)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('numba', 'llvmlite')))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]", done.stdout[:300]

@@ -86,7 +86,8 @@ def test_tables_are_made_per_pool_and_bounded_least_recently_used_first():
 
 
 def _sources(max_pools=4):
-    return OtherSources(None, RecycledTables(20, 3, max_pools), span=4)
+    return OtherSources(None, RecycledTables(20, 3, max_pools), span=4,
+                        recycled_widths=(2, 1, 1), room=16)
 
 
 def _learn(sources, pool, prev, top):

@@ -24,7 +24,7 @@ def clock(monkeypatch):
 
 def test_cycle_runs_to_the_next_prepared_step(clock):
     seen = []
-    timer = StepTimer(lambda *sample: seen.append(sample))
+    timer = StepTimer(lambda *sample: seen.append(sample), max_gap_ratio=3.0)
     timer.started(5, True)             # step 1 prepared at t = 0, with drafts
     clock.now = 0.030
     timer.stopped()                    # its propose ends at 30 ms

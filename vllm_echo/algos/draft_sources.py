@@ -43,16 +43,18 @@ class OtherSources:
     """The engine's cross-request sources (either may be None: switched off).
 
     ``recycled_widths``: children per node by depth in the recycled tree (Token
-    Recycling's static tree, cut to what a CPU step can verify). Every method takes
-    the request's pool; None (no pool) learns and drafts nothing.
+    Recycling's static tree, cut to what a CPU step can verify); ``room``: the most
+    nodes a request's forest keeps for these sources. Every method takes the request's
+    pool; None (no pool) learns and drafts nothing.
     """
 
     def __init__(self, store: OutputStore | None, recycled: RecycledTables | None,
-                 span: int, recycled_widths: tuple[int, ...] = (2, 1, 1)):
+                 span: int, recycled_widths: tuple[int, ...], room: int):
         self.store = store
         self.recycled = recycled
         self.span = span
         self.recycled_widths = recycled_widths
+        self.room = room
 
     @property
     def enabled(self) -> bool:

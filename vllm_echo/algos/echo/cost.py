@@ -33,7 +33,8 @@ import numpy as np
 
 from vllm_echo.algos.echo.tuning import EchoTuning
 
-_MAX_KNOT = 1 << 14  # knots up to this size; past it the last segment's slope
+_MAX_KNOT = 1 << 14  # knots up to this size, past it the last segment's slope: a bound of
+# the representation, not a decision (a vLLM step past 16k tokens is priced by the slope)
 
 
 def _knots(growth: float) -> np.ndarray:

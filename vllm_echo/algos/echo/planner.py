@@ -36,7 +36,6 @@ from vllm_echo.algos.echo.tuning import EchoTuning
 from vllm_echo.algos.tree import is_chain
 
 _NO_DRAFT = (np.empty(0, np.int32), np.empty(0, np.int32))  # (token_ids, parents)
-_MAX_BREAK_EVEN_DRAFTS = 64  # drafts per request the break-even test looks at
 
 
 @dataclass
@@ -112,10 +111,11 @@ class EchoPlanner:
 
     # -- the step ------------------------------------------------------------------------
 
-    def drafting_mode(self, num_requests: int) -> str:
+    def drafting_mode(self, num_requests: int, max_drafts: int) -> str:
         """Asked once per step before any forest is built: "none" (no node can pay: build
         nothing), "retrieval" (no next-next head can pay: skip the target's top-k) or
-        "all". A probe step is "all"."""
+        "all". A probe step is "all". ``max_drafts``: the most drafts a request may
+        verify (vLLM's num_speculative_tokens)."""
         self._probing = False
         if self.k_max is not None:
             return "all"
@@ -124,7 +124,7 @@ class EchoPlanner:
         if self._empty_steps >= self.tuning.probe_after:
             self._probing = True
             return "all"
-        need = self.break_even(num_requests)
+        need = self.break_even(num_requests, max_drafts)
         best_retrieved, best_head = self.acceptance.best_first_rates()
         if max(best_retrieved, best_head) < need:
             self._empty_steps += 1
@@ -132,13 +132,14 @@ class EchoPlanner:
             return "none"
         return "all" if best_head >= need else "retrieval"
 
-    def break_even(self, num_requests: int) -> float:
+    def break_even(self, num_requests: int, max_drafts: int) -> float:
         """The least P(accepted) with which some number k of nodes pays in a step of
-        ``num_requests``: min over k of B (T(B + k) / T(B) - 1) / k. A node at depth 1 has
-        its rate as probability and every node is at most its depth-1 ancestor's, so
-        below it the rule takes nothing."""
+        ``num_requests``: min over the k the step can verify (up to ``max_drafts`` per
+        request) of B (T(B + k) / T(B) - 1) / k. A node at depth 1 has its rate as
+        probability and every node is at most its depth-1 ancestor's, so below it the
+        rule takes nothing."""
         b = num_requests
-        k = np.arange(1, _MAX_BREAK_EVEN_DRAFTS * b + 1)
+        k = np.arange(1, max(1, max_drafts) * b + 1)
         times = self.cost.step_times(b, k.size)
         return float(np.min(b * (times[1:] / times[0] - 1.0) / k))
 

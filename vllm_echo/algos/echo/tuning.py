@@ -54,6 +54,33 @@ class EchoTuning:
     # nodes, lower lets weak first drafts through.
     drafted_share: float = 0.05
 
+    # A timed decode cycle whose idle gap after drafting is over this many times the
+    # step's own work is not a cost sample (the engine waited for requests): lower also
+    # drops busy steps with slow scheduling, higher lets idle time price tokens.
+    idle_gap_ratio: float = 3.0
+    # The start-up probe (dummy verification forwards at 1, 2, 4, ... tokens): passes over
+    # the sizes, each keeping its fastest (more shrug off stalls, start slower), and on a
+    # CPU the largest size timed (larger measures big steps instead of extrapolating,
+    # starts slower: 2.5 s at 128 on 2 cores; a CPU's curve is a line by then). Elsewhere
+    # it times up to the engine's largest step: past its largest size the curve goes on at
+    # its last slope, and a curve still flat there (a GPU below its knee) prices every
+    # larger step as free (replay on the assumed GPU hinge, batch 64: 0.14x none probing
+    # up to 128 tokens, 1.32x up to 1024).
+    probe_repeats: int = 3
+    probe_largest_cpu: int = 128
+
+    # -- the candidate forest (its capacity is a user setting: config_shim's platform
+    # defaults) --
+    # Nodes a forest keeps for other requests' outputs and recycled candidates: more
+    # tries them deeper, leaves less room to the request's own text and next-next heads.
+    other_sources_room: int = 16
+    # Candidates kept per token in the recycled table (Token Recycling keeps 8): more
+    # branches to choose from, memory (vocab x k x 4 bytes a pool) and forest room.
+    recycled_k: int = 8
+    # Children per node by depth in the recycled tree (Token Recycling's static tree, cut
+    # to what a CPU step verifies): wider tries more guesses per step, each one costs.
+    recycled_widths: tuple[int, ...] = (2, 1, 1)
+
     # -- the one exploration device --
     # Steps in a row without a draft before one drafts anyway: recovery speed vs wasted steps.
     probe_after: int = 16

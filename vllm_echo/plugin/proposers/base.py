@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from vllm_echo.algos import recycled, shared_outputs, top_logprobs
+from vllm_echo.algos.echo.tuning import EchoTuning
 from vllm_echo.algos.forest import build_forest, first_chain
 from vllm_echo.algos.ngram_index import NgramIndex
 from vllm_echo.algos.verify import verify_greedy_chains
@@ -63,7 +64,10 @@ class Proposer:
         self.max_model_len = vllm_config.model_config.max_model_len
         self.vocab_size = vllm_config.model_config.get_vocab_size()
         self._last_logits = LastLogitsTopK(self.settings.topk)
-        self.sources = other_sources(self.settings, self.vocab_size)
+        # ECHO's numbers; the forest's room for other sources and the step timer's idle
+        # gap apply to both methods
+        self.tuning = EchoTuning()
+        self.sources = other_sources(self.settings, self.vocab_size, self.tuning)
         self._no_spec: str | None = None  # why load_model found nothing to draft with
         self.failures = FailureLog()
         self.stats = DraftStats()
@@ -178,7 +182,7 @@ class Proposer:
         if self._rank_zero is not None:
             context.agree = self._rank_zero.agree
         if self.times_steps and prepare_hook:
-            self._timer = StepTimer(self.observe_step_cost)
+            self._timer = StepTimer(self.observe_step_cost, self.tuning.idle_gap_ratio)
         if self.tree_enabled or self._timer is not None:
             on_first_step = self._attach_flex_mask if (
                 self.tree_enabled and context.attention.compacts_by_slot) else None

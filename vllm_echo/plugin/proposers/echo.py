@@ -17,13 +17,13 @@ import numpy as np
 
 from vllm_echo.algos import echo
 from vllm_echo.algos.draft_sources import ORIGIN_PREDICTION, ORIGIN_RECYCLED, ORIGIN_SHARED
-from vllm_echo.algos.echo import Candidates, EchoPlanner, EchoTuning, Plan
+from vllm_echo.algos.echo import Candidates, EchoPlanner, Plan
 from vllm_echo.algos.echo.acceptance import KINDS
 from vllm_echo.algos.tree import is_chain
 from vllm_echo.plugin.proposers.base import Proposer
 from vllm_echo.plugin.proposers.request_state import RequestState
 from vllm_echo.plugin.proposers.sources import candidate_forest
-from vllm_echo.plugin.runner.cost_probe import accepts, install_cost_probe
+from vllm_echo.plugin.runner.cost_probe import accepts, install_cost_probe, probe_sizes
 from vllm_echo.plugin.runner.tree_state import TreeDraft
 
 logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
@@ -40,7 +40,7 @@ class EchoProposer(Proposer):
 
     def __init__(self, vllm_config: Any):
         super().__init__(vllm_config)
-        self.planner = EchoPlanner(EchoTuning(), trees=self.tree_enabled,
+        self.planner = EchoPlanner(self.tuning, trees=self.tree_enabled,
                                    k_max=self.settings.k_max)
         self._engine_origins = tuple(
             origin for origin, on in ((ORIGIN_SHARED, self.sources.store is not None),
@@ -69,8 +69,11 @@ class EchoProposer(Proposer):
         scheduler = self._vllm_config.scheduler_config
         max_tokens = min(scheduler.max_num_batched_tokens,
                          scheduler.max_num_seqs * (1 + self.num_speculative_tokens))
+        tuning = self.planner.tuning
+        largest = tuning.probe_largest_cpu if _on_cpu() else max_tokens
         install_cost_probe(
-            runner, max_tokens, self._set_cost_curve, self.failures.failed,
+            runner, probe_sizes(max_tokens, largest), tuning.probe_repeats,
+            self._set_cost_curve, self.failures.failed,
             lambda hook, reason: self.failures.unavailable(
                 hook, reason, "a step-cost curve learned from real steps"))
 
@@ -101,7 +104,7 @@ class EchoProposer(Proposer):
             (ORIGIN_PREDICTION,) if self._predicting else ())
         # Every request that decodes this step is a verified token, drafted or not.
         self._step_requests = sum(1 for s in sampled_token_ids if s)
-        mode = self.planner.drafting_mode(self._step_requests)
+        mode = self.planner.drafting_mode(self._step_requests, self.num_speculative_tokens)
         self._drafting = mode != "none"
         if not self._drafting:
             return None
@@ -199,3 +202,9 @@ class EchoProposer(Proposer):
 
     def snapshot(self) -> dict[str, Any]:
         return {**super().snapshot(), "echo": self.echo_snapshot()}
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform  # not at import: the module loads without vLLM
+
+    return current_platform.is_cpu()

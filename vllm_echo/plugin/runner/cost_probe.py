@@ -21,22 +21,21 @@ import numpy as np
 
 from vllm_echo.plugin.runner.access import wrap_runner_method
 
-# Timed passes over the sizes; each size keeps its fastest forward. Sizes are fixed (not
-# time-bounded) so that tensor-parallel ranks, whose forwards are collectives, run the
-# same ones.
-REPEATS = 3
-LARGEST_SIZE = 128  # tokens: bounds the start-up cost (about 2.5 s, embedded model on 2 CPU cores)
+# How many passes and up to which size: EchoTuning.probe_repeats and probe_largest (at
+# 128 tokens the probe took about 2.5 s, embedded model on 2 CPU cores). Sizes are fixed
+# (not time-bounded) so that tensor-parallel ranks, whose forwards are collectives, run
+# the same ones.
 
 
-def probe_sizes(max_tokens: int) -> list[int]:
-    """1, 2, 4, ... up to ``max_tokens`` (capped at LARGEST_SIZE), the cap included."""
-    top = max(1, min(int(max_tokens), LARGEST_SIZE))
+def probe_sizes(max_tokens: int, largest: int) -> list[int]:
+    """1, 2, 4, ... up to ``max_tokens`` (capped at ``largest``), the cap included."""
+    top = max(1, min(int(max_tokens), int(largest)))
     sizes = [1 << i for i in range(top.bit_length()) if (1 << i) < top]
     return sizes + [top]
 
 
 def time_forwards(forward: Callable[[int], Any], sizes: list[int],
-                  repeats: int = REPEATS) -> tuple[np.ndarray, np.ndarray]:
+                  repeats: int) -> tuple[np.ndarray, np.ndarray]:
     """``(sizes, fastest seconds)`` of ``forward(n)`` for each size, over ``repeats``
     passes through all the sizes, after one untimed call per size (a first call may
     allocate or specialise).
@@ -80,12 +79,12 @@ def verification_step(runner: Any, n: int) -> Any:
     return runner.model.compute_logits(hidden[:n]).argmax(dim=-1)
 
 
-def install_cost_probe(runner: Any, max_tokens: int,
+def install_cost_probe(runner: Any, sizes: list[int], repeats: int,
                        on_measured: Callable[[np.ndarray, np.ndarray, float], None],
                        on_error: Callable[[str, BaseException], None],
                        on_drift: Callable[[str, str], None]) -> None:
     """Wrap ``runner.initialize_kv_cache`` (instance attribute): after it, time
-    ``verification_step(runner, n)`` at ``probe_sizes(max_tokens)`` and hand the points and
+    ``verification_step(runner, n)`` at ``sizes``, ``repeats`` passes, and hand the points and
     the seconds the probe took to ``on_measured``. A failure is reported and leaves
     the curve unmeasured (ECHO then learns it from real steps)."""
 
@@ -94,12 +93,12 @@ def install_cost_probe(runner: Any, max_tokens: int,
             result = original(*args, **kwargs)
             started = time.perf_counter()
             try:
-                sizes, seconds = time_forwards(lambda n: verification_step(runner, n),
-                                               probe_sizes(max_tokens))
+                timed, seconds = time_forwards(lambda n: verification_step(runner, n),
+                                               sizes, repeats)
             except Exception as exc:
                 on_error("step cost probe", exc)
             else:
-                on_measured(sizes, seconds, time.perf_counter() - started)
+                on_measured(timed, seconds, time.perf_counter() - started)
             return result
         return initialize_kv_cache
 

@@ -16,10 +16,10 @@ class StepTimer:
     forward alone put a step at 76-80 ms, against about 120 ms of wall time per decode
     step). A cycle whose gap after ``propose`` is over
     ``max_gap_ratio`` times the step's own work is dropped: the engine was idle (no
-    requests), not working. Fed to ``sink(num_tokens, seconds, drafted)``.
+    requests), not working (EchoTuning.idle_gap_ratio). Fed to ``sink(num_tokens, seconds, drafted)``.
     """
 
-    def __init__(self, sink: Callable[[int, float, bool], None], max_gap_ratio: float = 3.0):
+    def __init__(self, sink: Callable[[int, float, bool], None], max_gap_ratio: float):
         self.sink = sink
         self.max_gap_ratio = max_gap_ratio
         self._start: tuple[int, bool, float] | None = None
