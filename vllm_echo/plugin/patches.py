@@ -253,8 +253,8 @@ counted failure ``hook <name>:unavailable`` in the proposer's stats); the wrappe
    Remove when: the worker sees ``cache_salt`` (on NewRequestData or the runner's
       CachedRequestState).
 
-12-14. Predicted Outputs (plugin/predicted_outputs.py), installed by entry 5 in API servers
-   and offline LLMs building our methods' engine config
+12-14. Predicted Outputs (predicted_outputs_patches.py; the format: predicted_outputs.py),
+   installed by entry 5 in API servers and offline LLMs building our methods' engine config
    What: 12. ``InputProcessor.process_inputs``: the value under ``PREDICTION_KEY``
       ("vllm_echo_prediction") in ``extra_args`` (text or token ids) is checked (vocabulary,
       at most ``max_model_len`` tokens; VLLMValidationError naming ``prediction``) and

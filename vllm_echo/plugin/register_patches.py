@@ -51,12 +51,12 @@ def patch_create_engine_config() -> None:
     @functools.wraps(original)
     def create_engine_config(self, *args, **kwargs):
         vllm_config = original(self, *args, **kwargs)
-        from vllm_echo.plugin import config_shim, metrics, predicted_outputs
+        from vllm_echo.plugin import config_shim, metrics, predicted_outputs_patches
 
         if metrics.uses_plugin(vllm_config):
             config_shim.refuse_unsupported_engine(vllm_config)
             metrics.install_collector(vllm_config)
-            predicted_outputs.install()
+            predicted_outputs_patches.install()
         return vllm_config
 
     setattr(create_engine_config, _MARK, True)
