@@ -13,7 +13,7 @@ from vllm import SamplingParams
 from vllm.v1.core.sched.output import NewRequestData
 
 from vllm_echo.algos.pools import UNSALTED_POOL, pool_id
-from vllm_echo.plugin import patches
+from vllm_echo.plugin import register_patches
 from vllm_echo.plugin.tenancy import CACHE_SALT_KEY, PoolMark, mark_request, pool_of
 
 
@@ -75,7 +75,7 @@ def test_the_scheduler_patch_marks_every_request_and_warns_once(monkeypatch):
     func = NewRequestData.__dict__["from_request"].__func__
     monkeypatch.setattr(NewRequestData, "from_request",
                         classmethod(getattr(func, "__wrapped__", func)))
-    patches.patch_new_request_salt()
+    register_patches.patch_new_request_salt()
     records = _Records()
     logger = logging.getLogger("vllm.vllm_echo")
     logger.addHandler(records)

@@ -27,14 +27,14 @@ def test_register_is_idempotent():
     from vllm.engine.arg_utils import EngineArgs
 
     import vllm_echo.plugin as plugin
-    from vllm_echo.plugin import patches
+    from vllm_echo.plugin import register_patches
 
     plugin.register()
     wrapped = EngineArgs.create_speculative_config, EngineArgs.create_engine_config
     plugin._registered = False  # as if a second process-level call site ran it again
     plugin.register()
-    patches.patch_create_speculative_config()
-    patches.patch_create_engine_config()
+    register_patches.patch_create_speculative_config()
+    register_patches.patch_create_engine_config()
     assert (EngineArgs.create_speculative_config, EngineArgs.create_engine_config) == wrapped
     for fn in wrapped:
         assert not getattr(fn.__wrapped__, "_vllm_echo_patched", False)

@@ -20,9 +20,9 @@ def register() -> None:
     from vllm_echo.plugin.compat import check_vllm_version
     from vllm_echo.plugin.errors import install_excepthook
     from vllm_echo.plugin.kernel_scan_guard import guard_llvmlite_lib
-    from vllm_echo.plugin.patches import (patch_create_engine_config,
-                                          patch_create_speculative_config,
-                                          patch_new_request_salt)
+    from vllm_echo.plugin.register_patches import (patch_create_engine_config,
+                                                   patch_create_speculative_config,
+                                                   patch_new_request_salt)
 
     check_vllm_version()
     guard_llvmlite_lib()
