@@ -151,8 +151,10 @@ def test_the_front_end_path_loads_no_numba():
     the speculative config's rewrite) must not load numba: vLLM's start-up scan for
     Triton kernels then trips over numba's llvmlite wrapper in that process, for every
     method (kernel_scan_guard guards it only if llvmlite was loaded before ``register``)."""
-    front_end = ["vllm_echo.plugin", "vllm_echo.plugin.patches", "vllm_echo.plugin.config_shim",
-                 "vllm_echo.plugin.tenancy", "vllm_echo.config", "vllm_echo.engines"]
+    front_end = ["vllm_echo.plugin", "vllm_echo.plugin.register_patches",
+                 "vllm_echo.plugin.config_shim", "vllm_echo.plugin.tenancy",
+                 "vllm_echo.plugin.predicted_outputs", "vllm_echo.plugin.predicted_outputs_patches",
+                 "vllm_echo.plugin.metrics", "vllm_echo.config", "vllm_echo.engines"]
     code = (f"import sys\nfor m in {front_end!r}:\n    __import__(m)\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('numba', 'llvmlite')))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
