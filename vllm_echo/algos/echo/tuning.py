@@ -65,7 +65,7 @@ class EchoTuning:
     # it times up to the engine's largest step: past its largest size the curve goes on at
     # its last slope, and a curve still flat there (a GPU below its knee) prices every
     # larger step as free (replay on the assumed GPU hinge, batch 64: 0.14x none probing
-    # up to 128 tokens, 1.32x up to 1024).
+    # up to 128 tokens, 1.32x up to the largest step).
     probe_repeats: int = 3
     probe_largest_cpu: int = 128
 
