@@ -41,3 +41,79 @@ def test_top_k_on_a_step_without_draft_tokens():
     row = torch.arange(8, dtype=torch.float32).unsqueeze(0)
     kept = guarded(row.clone(), torch.tensor([2], dtype=torch.int32), None)
     assert torch.isfinite(kept).sum() == 2 and torch.isfinite(kept[0, 6:]).all()
+
+
+def _module(**functions):
+    import types
+
+    module = types.ModuleType("rejection_sampler_stand_in")
+    module.__dict__.update(functions)
+    return module
+
+
+def test_patching_replaces_both_functions_once():
+    # vLLM 0.32's signatures (the fresh-interpreter test below patches vLLM's module)
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+    from vllm_echo.plugin.runner import sampler_fixes
+
+    def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0):
+        raise AssertionError("replaced")
+
+    module = _module(apply_top_k_top_p=apply_top_k_top_p,
+                     expand_batch_to_tokens=expand_batch_to_tokens)
+    sampler_fixes.patch_rejection_sampler(module)
+    assert module.expand_batch_to_tokens is sampler_fixes.expand_batch_to_tokens  # CPU here
+    guarded = module.apply_top_k_top_p
+    assert guarded.__wrapped__ is apply_top_k_top_p
+    sampler_fixes.patch_rejection_sampler(module)  # idempotent: not wrapped twice
+    assert module.apply_top_k_top_p is guarded
+
+
+def test_a_changed_vllm_keeps_its_functions_with_one_log_line(caplog, monkeypatch):
+    from vllm_echo.plugin.runner import sampler_fixes
+
+    monkeypatch.setattr(sampler_fixes, "_reported", set())
+
+    def apply_top_k_top_p(logits, top_k, top_p):  # renamed parameters
+        return logits
+
+    def expand_batch_to_tokens(x, cu_num_tokens, num_tokens, replace_from=0, replace_to=0,
+                               out=None):  # a new parameter
+        return x
+
+    module = _module(apply_top_k_top_p=apply_top_k_top_p,
+                     expand_batch_to_tokens=expand_batch_to_tokens)
+    with caplog.at_level("WARNING", logger="vllm.vllm_echo"):
+        sampler_fixes.patch_rejection_sampler(module)
+        sampler_fixes.patch_rejection_sampler(module)
+        sampler_fixes.patch_rejection_sampler(_module())  # names gone
+    assert module.apply_top_k_top_p is apply_top_k_top_p
+    assert module.expand_batch_to_tokens is expand_batch_to_tokens
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2, lines  # one per function, not one per call
+    assert "apply_top_k_top_p" in lines[0] and "expand_batch_to_tokens" in lines[1]
+
+
+def test_installed_before_vllm_imports_the_sampler():
+    """In a fresh interpreter, as in a vLLM process where the plugin loads first:
+    installing imports no vLLM module, and vLLM's import of the rejection sampler
+    comes back patched (the hook then leaves sys.meta_path)."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from vllm_echo.plugin.runner import sampler_fixes as f
+f.install_sampler_fixes()
+f.install_sampler_fixes()  # idempotent: one hook
+hooks = [x for x in sys.meta_path if isinstance(x, f._PatchOnImport)]
+assert len(hooks) == 1 and not any(m.startswith("vllm.") for m in sys.modules), sys.modules
+from vllm.v1.sample import rejection_sampler as rs
+assert rs.expand_batch_to_tokens is f.expand_batch_to_tokens
+assert getattr(rs.apply_top_k_top_p, f._MARK)
+assert not any(isinstance(x, f._PatchOnImport) for x in sys.meta_path)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]

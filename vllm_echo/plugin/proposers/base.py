@@ -43,7 +43,6 @@ from vllm_echo.plugin.runner.access import find_runner, probe_runner
 from vllm_echo.plugin.runner.last_logits import LastLogitsTopK
 from vllm_echo.plugin.runner.prepare_hook import install_prepare_hook
 from vllm_echo.plugin.runner.sample_hook import install_sample_hook
-from vllm_echo.plugin.runner.sampler_fixes import install_sampler_fixes
 from vllm_echo.plugin.runner.step_timer import StepTimer
 from vllm_echo.plugin.runner.tree_state import TreeContext
 
@@ -90,7 +89,6 @@ class Proposer:
         self._vllm_config = vllm_config
         self._rank_zero: RankZeroDrafts | None = None  # tensor parallel: rank 0 drafts
         self._publisher = publish_worker_stats(self, vllm_config)  # for the server's /metrics
-        install_sampler_fixes()
         # Shows in the worker's log (Ray: the replica's log) what the drafter runs with.
         logger.info("vllm-echo: %s drafter in pid %d, engine %s, settings %s", self.method,
                     os.getpid(), getattr(vllm_config, "instance_id", "") or "-",

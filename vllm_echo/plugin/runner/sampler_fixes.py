@@ -17,22 +17,42 @@ configured, also when no request in the step has a draft token
 (gpu_model_runner.py:2184-2225). The rejection sampler then applies top-k / top-p
 to zero target rows, and the CPU top-k path (``apply_top_k_only``) calls
 ``k.max()`` on an empty tensor: the engine dies whenever a step without drafts
-holds a top-k request and no top-p request (e.g. the last requests of a batch).
-Zero rows need no filtering, so the sampler's ``apply_top_k_top_p`` returns them
-unchanged.
+holds a top-k request and no top-p request (e.g. the last requests of a batch, or
+the prefill steps of a batch of top-k requests). Zero rows need no filtering, so
+the sampler's ``apply_top_k_top_p`` returns them unchanged.
 
-Both are installed only by our proposers (patches.py, entry 6), so other methods
-keep vLLM's behaviour.
+Both keep vLLM's contract and touch only the rejection sampler module, which only
+speculative decoding runs, so they apply to every speculative method, vLLM's own
+(``ngram``, ``suffix``, EAGLE, ...) as well as ours, and change nothing without
+speculation. ``install_sampler_fixes`` runs from the plugin's ``register`` in every
+vLLM process (patches.py, entry 6). It imports nothing from vLLM: it patches the
+module at once if it is loaded, else right after vLLM imports it (an import hook on
+that one module name, which a forked process inherits), so the fixes are in place
+before any rejection sampler is built, and loading the plugin costs no import. A
+function whose signature is not vLLM 0.32's stays vLLM's, with one log line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Callable
+import inspect
+import logging
+import sys
+from typing import Any, Callable
 
 import torch
 
+from vllm_echo.plugin.runner.access import signature_drift
+
+logger = logging.getLogger("vllm.vllm_echo")  # under "vllm": its handlers and level apply
+
 _MARK = "_vllm_echo_sampler_fix"  # marks both replacements (idempotent install)
+MODULE = "vllm.v1.sample.rejection_sampler"
+# vLLM 0.32's parameters: the expansion is replaced only for exactly these, the guard
+# passes anything after them through.
+EXPAND_PARAMS = ("x", "cu_num_tokens", "num_tokens", "replace_from", "replace_to")
+TOP_K_TOP_P_PARAMS = ("logits", "k", "p")
 
 
 def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int,
@@ -45,29 +65,101 @@ def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tok
     return expanded.masked_fill(expanded == replace_from, replace_to)
 
 
+setattr(expand_batch_to_tokens, _MARK, True)
+
+
 def skipping_empty_rows(apply_top_k_top_p: Callable) -> Callable:
     """``apply_top_k_top_p`` that returns zero-row logits as they are."""
 
     @functools.wraps(apply_top_k_top_p)
-    def apply(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None):
+    def apply(logits: torch.Tensor, *args: Any, **kwargs: Any):
         if logits.shape[0] == 0:
             return logits
-        return apply_top_k_top_p(logits, k, p)
+        return apply_top_k_top_p(logits, *args, **kwargs)
 
     setattr(apply, _MARK, True)
     return apply
 
 
 def install_sampler_fixes() -> None:
-    """Patch the rejection sampler module (idempotent): the empty-step guard on
-    every platform, the expansion on CPU only."""
-    from vllm.platforms import current_platform
-    from vllm.v1.sample import rejection_sampler
+    """Both fixes in this process for every speculative method (idempotent, never
+    raises): now if vLLM's rejection sampler module is loaded, else as soon as it is."""
+    module = sys.modules.get(MODULE)
+    if module is not None:
+        patch_rejection_sampler(module)
+    elif not any(isinstance(finder, _PatchOnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
 
-    if not getattr(rejection_sampler.apply_top_k_top_p, _MARK, False):
-        rejection_sampler.apply_top_k_top_p = skipping_empty_rows(
-            rejection_sampler.apply_top_k_top_p)
-    if (current_platform.is_cpu()
-            and not getattr(rejection_sampler.expand_batch_to_tokens, _MARK, False)):
-        setattr(expand_batch_to_tokens, _MARK, True)
-        rejection_sampler.expand_batch_to_tokens = expand_batch_to_tokens
+
+def patch_rejection_sampler(module: Any) -> None:
+    """Replace the functions in vLLM's loaded rejection sampler ``module``: the
+    empty-step guard on every platform, the expansion on the CPU platform only.
+    Idempotent; what does not look like vLLM 0.32 is left as it is, with one log line."""
+    try:
+        guarded = getattr(module, "apply_top_k_top_p", None)
+        if not getattr(guarded, _MARK, False):
+            reason = signature_drift(guarded, TOP_K_TOP_P_PARAMS)
+            if reason is None:
+                module.apply_top_k_top_p = skipping_empty_rows(guarded)
+            else:
+                _not_installed("apply_top_k_top_p", reason)
+        # the module imported vLLM's triton_utils, which resolved the platform already
+        from vllm.platforms import current_platform
+
+        expand = getattr(module, "expand_batch_to_tokens", None)
+        if current_platform.is_cpu() and not getattr(expand, _MARK, False):
+            reason = signature_drift(expand, EXPAND_PARAMS)
+            if reason is None and tuple(inspect.signature(expand).parameters) != EXPAND_PARAMS:
+                reason = f"signature {inspect.signature(expand)} is not {EXPAND_PARAMS}"
+            if reason is None:
+                module.expand_batch_to_tokens = expand_batch_to_tokens
+            else:
+                _not_installed("expand_batch_to_tokens", reason)
+    except Exception as exc:  # a changed vLLM degrades, it never stops an engine
+        _not_installed("apply_top_k_top_p or expand_batch_to_tokens",
+                       f"{type(exc).__name__}: {exc}")
+
+
+_reported: set[str] = set()
+
+
+def _not_installed(what: str, reason: str) -> None:
+    if what not in _reported:
+        _reported.add(what)
+        logger.warning("vllm-echo: not fixing %s in vLLM's rejection sampler (%s); vLLM's "
+                       "own code runs there.", what, reason)
+
+
+class _PatchOnImport:
+    """A meta path finder for vLLM's rejection sampler module only: it lets the other
+    finders find it and has its loader patch the module right after the module's body
+    runs (before anything can use it), then leaves ``sys.meta_path``."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != MODULE:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        exec_module = getattr(spec.loader, "exec_module", None)
+        if exec_module is None:
+            _not_installed("apply_top_k_top_p or expand_batch_to_tokens", f"loader {spec.loader!r} has no exec_module")
+            return spec
+
+        def exec_then_patch(module: Any) -> None:
+            exec_module(module)
+            with contextlib.suppress(ValueError):
+                sys.meta_path.remove(self)
+            patch_rejection_sampler(module)
+
+        try:  # the finder made this loader for this spec only (FileFinder does)
+            spec.loader.exec_module = exec_then_patch
+        except Exception as exc:
+            _not_installed("apply_top_k_top_p or expand_batch_to_tokens", f"loader {spec.loader!r}: {exc}")
+        return spec
