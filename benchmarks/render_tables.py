@@ -74,12 +74,26 @@ def _example_module():
 
 # -- renderers: each returns the Markdown that goes between its markers ---------------
 
+def example_rounds(data: dict) -> tuple[dict, str]:
+    """The example's summary with every ratio's rounds, and what a round is: files from
+    before the example ran rounds merged several runs (each run's ratio stands in for a
+    round) or hold one run (one round, no spread)."""
+    if "rounds" in data["setup"] or not data.get("runs"):
+        return data["summary"], "rounds"
+    summary = {method: {name: {**cell, "x_none_rounds": [run[method][name]["x_none"]
+                                                          for run in data["runs"]]}
+                        for name, cell in per_workload.items()}
+               for method, per_workload in data["summary"].items()}
+    return summary, "runs"
+
+
 def render_example() -> str:
     """README.md: what `bash scripts/run_example.sh` printed, from its --json file."""
     example = _example_module()
     data = _load("example")
+    summary, unit = example_rounds(data)
     lines = [example.setup_line(data["setup"]), "",
-             *example.table_lines(data["summary"]), *example.reading_lines(data["summary"])]
+             *example.table_lines(summary), *example.reading_lines(summary, unit)]
     return (provenance("example", link_from="") + "\n\n```text\n"
             + "\n".join(lines) + "\n```\n")
 
@@ -211,8 +225,9 @@ def rendered_files() -> dict[Path, tuple[str, str]]:
 
 def merge_examples(runs: list[dict]) -> dict:
     """Several runs of the example as one: per method and workload the median tok/s,
-    tokens per forward and ratio to none (each run's ratio from that run), and the
-    identical outputs summed; ``runs`` keeps every run's summary."""
+    tokens per forward and ratio to none (each run's ratio from that run), every run's
+    rounds' ratios (a run from before rounds: its ratio), and the identical outputs
+    summed; ``runs`` keeps every run's summary."""
     import statistics
 
     merged = {**runs[-1], "runs": [r["summary"] for r in runs]}
@@ -221,10 +236,14 @@ def merge_examples(runs: list[dict]) -> dict:
         summary[method] = {}
         for workload in per_workload:
             cells = [r["summary"][method][workload] for r in runs]
+            tpf = [c["tpf"] for c in cells if c["tpf"] is not None]
             summary[method][workload] = {
-                key: statistics.median(c[key] for c in cells) for key in ("tok_s", "tpf", "x_none")}
-            summary[method][workload].update(
-                identical=sum(c["identical"] for c in cells), outputs=sum(c["outputs"] for c in cells))
+                "tok_s": statistics.median(c["tok_s"] for c in cells),
+                "tpf": statistics.median(tpf) if tpf else None,
+                "x_none": statistics.median(c["x_none"] for c in cells),
+                "x_none_rounds": [x for c in cells for x in c.get("x_none_rounds", [c["x_none"]])],
+                "identical": sum(c["identical"] for c in cells),
+                "outputs": sum(c["outputs"] for c in cells)}
     merged["summary"] = summary
     merged["setup"] = {**runs[-1]["setup"], "runs": len(runs)}
     return merged

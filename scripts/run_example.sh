@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The first run on a fresh machine: set everything up, then compare no speculation,
-# ngram, logitspec and echo on the embedded model. Arguments go to the example
-# (examples/offline_generate.py: --check, --batch, --single-prompts, --json, ...).
+# echo, logitspec and ngram on the embedded model, in rounds. Arguments go to the
+# example (examples/offline_generate.py: --check, --rounds, --batch, --json, ...).
 #
 # Quiet by default: pip installs quietly, vLLM logs errors only (its hints to preload
 # tcmalloc and libiomp included), Python's warnings are off, and the C++ runtime logs

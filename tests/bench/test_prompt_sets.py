@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """No prompt reaches one engine twice, warm-up included (a drafter that remembers
-earlier requests would replay answers it has seen): the example's batch-1 and loaded
-sets are disjoint and never a warm-up prompt, and offline.py's check refuses repeats.
-No engine is started."""
+earlier requests would replay answers it has seen): the example's rounds and workloads
+have disjoint prompt sets, never a warm-up prompt, and offline.py's check refuses
+repeats. No engine is started."""
 
 from __future__ import annotations
 
@@ -27,15 +27,21 @@ def _example():
     return module
 
 
-@pytest.mark.parametrize("batch, single", [(8, 3), (16, 7), (1, 7), (64, 7)])
-def test_example_sets_are_disjoint(batch: int, single: int) -> None:
+@pytest.mark.parametrize("batch, single, rounds", [(8, 3, 3), (16, 3, 3), (4, 3, 3), (1, 7, 2),
+                                                  (64, 7, 3), (16, 2, 5)])
+def test_example_sets_are_disjoint(batch: int, single: int, rounds: int) -> None:
+    """Every round and workload of the example has prompts of its own (the engines stay
+    up through all rounds), none of them a warm-up prompt."""
     example = _example()
-    singles, loaded = example.prompt_sets(batch, single)
-    assert len(singles) == single and len(loaded) == 2 * batch
-    single_texts, loaded_texts = [p.text for p in singles], [p.text for p in loaded]
-    workloads.check_no_repeats(list(example.WARMUP_MESSAGES), single_texts, loaded_texts)
-    # batch 1 keeps one prompt from every other category
-    assert len({p.category for p in singles}) == single
+    groups = example.prompt_groups(batch, single, rounds)
+    assert len(groups) == rounds
+    sets = []
+    for group in groups:
+        assert len(group["batch 1"]) == single and len(group["loaded"]) == batch
+        # a round's batch-1 prompts come from different categories
+        assert len({p.category for p in group["batch 1"]}) == single
+        sets += [[p.text for p in group["batch 1"]], [p.text for p in group["loaded"]]]
+    workloads.check_no_repeats(list(example.WARMUP_MESSAGES), *sets)
 
 
 def test_check_no_repeats() -> None:
