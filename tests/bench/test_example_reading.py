@@ -9,7 +9,6 @@ renderer reads result files from before rounds and after (benchmarks/render_tabl
 
 from __future__ import annotations
 
-import importlib.util
 import random
 import statistics
 import sys
@@ -20,15 +19,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 import render_tables  # noqa: E402
+from example_module import load_example  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def example():
-    spec = importlib.util.spec_from_file_location(
-        "offline_generate_example", REPO / "examples" / "offline_generate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example()
 
 
 def cell(ratios: list[float], tpf: float | None = 1.2) -> dict:

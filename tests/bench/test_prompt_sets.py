@@ -6,7 +6,6 @@ repeats. No engine is started."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -17,14 +16,11 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 import offline_worker  # noqa: E402
 import workloads  # noqa: E402
+from example_module import load_example  # noqa: E402
 
 
 def _example():
-    spec = importlib.util.spec_from_file_location(
-        "offline_generate_example", REPO / "examples" / "offline_generate.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example()
 
 
 @pytest.mark.parametrize("batch, single, rounds", [(8, 3, 3), (16, 3, 3), (4, 3, 3), (1, 7, 2),
