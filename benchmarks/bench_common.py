@@ -41,7 +41,10 @@ def cpu_model() -> str:
 
 
 def git_commit() -> dict[str, Any]:
-    """Commit of the checkout and whether the tree has local changes (read-only git calls)."""
+    """Commit of the checkout and whether the tree has local changes, and the same for the
+    package alone: the tree hash of ``vllm_echo/`` (cells run at several commits that
+    leave the package alone measured the same code) and whether it has local changes,
+    untracked files included (read-only git calls)."""
     def run(*args: str) -> str | None:
         try:
             return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True,
@@ -50,7 +53,10 @@ def git_commit() -> dict[str, Any]:
             return None
 
     status = run("status", "--porcelain", "--untracked-files=no")
-    return {"commit": run("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
+    package_status = run("status", "--porcelain", "--", "vllm_echo")
+    return {"commit": run("rev-parse", "HEAD"), "dirty": None if status is None else bool(status),
+            "package_tree": run("rev-parse", "HEAD:vllm_echo"),
+            "package_dirty": None if package_status is None else bool(package_status)}
 
 
 def version(dist: str) -> str | None:

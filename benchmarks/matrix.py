@@ -231,6 +231,8 @@ def cell_record(args, report: dict, workload: str, dtype: str, batch: int, kind:
             "mode": "eager" if args.eager else "compiled",
             # cells of several runs are published side by side, each with its commit
             "commit": git.get("commit"), "dirty": git.get("dirty"),
+            # the package's code: cells of commits that leave vllm_echo/ alone compare
+            "package_tree": git.get("package_tree"), "package_dirty": git.get("package_dirty"),
             "max_tokens": report["max_tokens"], "prompts": max(ran, default=prompts),
             "summary": report["summary"],
             # the same targets as a greedy cell of the batch size

@@ -120,17 +120,21 @@ def render_targets() -> str:
     """benchmarks/README.md: ECHO's targets, cell by cell, from matrix.json."""
     cells = _load("matrix")
     notes = json.loads(NOTES.read_text(encoding="utf-8")) if NOTES.is_file() else {}
-    rows = ["| workload | dtype | batch | prompts | commit | target | against | ratio per "
-            "round | median | status | why not |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| workload | dtype | batch | prompts | commit | package | target | against | "
+            "ratio per round | median | status | why not |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for cell in cells:
         commit = (cell.get("commit") or "–")[:7] + ("+" if cell.get("dirty") else "")
+        # vllm_echo/'s tree hash: cells with the same one measured the same package code
+        package = (cell.get("package_tree") or "–")[:7] + ("+" if cell.get("package_dirty") else "")
         for t in cell["targets"]:
             key = _note_key(cell, t["target"])
             status = {True: "met", False: "**not met**", None: "–"}[t["met"]]
             why = "" if t["met"] else notes.get(key, "(no note yet)")
             median = "–" if t["median"] is None else f"{t['median']:.3f}"
             rows.append(f"| {_workload(cell)} | {cell['dtype']} | {cell['batch_size']} | "
-                        f"{cell['prompts']} | `{commit}` | {t['target']} | `{t['against']}` | "
+                        f"{cell['prompts']} | `{commit}` | `{package}` | {t['target']} | "
+                        f"`{t['against']}` | "
                         f"{_ratios(t['ratios'])} | {median} | {status} | {why} |")
     return provenance("matrix") + "\n\n" + "\n".join(rows) + "\n"
 
@@ -264,7 +268,9 @@ def merge_matrices(folders: list[Path]) -> list[dict]:
                                             *matrix.sampling(cell))
                 report = report / "results.json"
                 git = json.loads(report.read_text(encoding="utf-8"))["environment"]["git"]
-                cell = {**cell, "commit": git["commit"], "dirty": git["dirty"]}
+                cell = {**cell, "commit": git["commit"], "dirty": git["dirty"],
+                        "package_tree": git.get("package_tree"),
+                        "package_dirty": git.get("package_dirty")}
             cells[matrix.cell_key(cell)] = cell  # a replaced cell keeps its place
     return list(cells.values())
 

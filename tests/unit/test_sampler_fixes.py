@@ -65,7 +65,8 @@ def test_patching_replaces_both_functions_once():
     sampler_fixes.patch_rejection_sampler(module)
     assert module.expand_batch_to_tokens is sampler_fixes.expand_batch_to_tokens  # CPU here
     guarded = module.apply_top_k_top_p
-    assert guarded.__wrapped__ is apply_top_k_top_p
+    # the empty-row guard around the top-p from candidates (CPU here) around vLLM's
+    assert guarded.__wrapped__.__wrapped__ is apply_top_k_top_p
     sampler_fixes.patch_rejection_sampler(module)  # idempotent: not wrapped twice
     assert module.apply_top_k_top_p is guarded
 
@@ -117,3 +118,53 @@ assert not any(isinstance(x, f._PatchOnImport) for x in sys.meta_path)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("scale", [0.3, 1.0, 4.0, 12.0, 40.0])
+def test_top_p_from_candidates_keeps_the_tokens_vllms_sort_keeps(scale):
+    # Continuous random logits (no ties) from flat (the nucleus is most of the
+    # vocabulary: vLLM's sort decides) to peaked (a few tokens: the candidates decide),
+    # p from 0.1 to 1, -inf entries as a grammar mask leaves them; the kept tokens
+    # are exactly vLLM's.
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p_pytorch
+
+    from vllm_echo.plugin.runner.nucleus import nucleus_thresholds, top_p_from_candidates
+
+    generator = torch.Generator().manual_seed(int(scale * 10))
+    logits = torch.randn(6, 49152, generator=generator) * scale
+    logits[2, ::3] = -float("inf")
+    p = torch.tensor([0.95, 0.1, 0.9, 1.0, 0.5, 0.99])
+    expected = apply_top_k_top_p_pytorch(logits.clone(), None, p.clone())
+    got = top_p_from_candidates(apply_top_k_top_p_pytorch)(logits.clone(), None, p.clone())
+    assert torch.equal(torch.isfinite(got), torch.isfinite(expected))
+    assert torch.equal(got[torch.isfinite(got)], logits[torch.isfinite(expected)])
+    _, decided = nucleus_thresholds(logits, p)
+    assert not decided[3]  # p = 1 keeps everything: vLLM's function
+    if scale >= 12.0:  # peaked rows are decided without the sort
+        assert decided[[0, 1, 4]].all()
+
+
+def test_top_p_from_candidates_hands_other_calls_to_vllm():
+    # top-k (with or without top-p), no top-p and zero rows all go to the fallback,
+    # with the same arguments; a top-p-only call on rows that fit does not.
+    from vllm_echo.plugin.runner.nucleus import top_p_from_candidates
+
+    calls = []
+
+    def fallback(logits, k, p):
+        calls.append((logits.shape[0], k is None, p is None))
+        return logits
+
+    apply = top_p_from_candidates(fallback)
+    peaked = torch.zeros(2, 1000)
+    peaked[:, 7] = 50.0
+    apply(peaked.clone(), torch.tensor([5, 5]), torch.tensor([0.9, 0.9]))
+    apply(peaked.clone(), torch.tensor([5, 5]), None)
+    apply(torch.zeros(0, 1000), None, torch.zeros(0))
+    assert calls == [(2, False, False), (2, False, True), (0, True, False)]
+    calls.clear()
+    kept = apply(peaked.clone(), None, torch.tensor([0.9, 0.9]))
+    assert calls == [] and torch.isfinite(kept).sum(dim=1).tolist() == [1, 1]
+    mixed = torch.stack([peaked[0], torch.zeros(1000)])  # the flat row falls back alone
+    apply(mixed, None, torch.tensor([0.9, 0.9]))
+    assert calls == [(1, True, False)]

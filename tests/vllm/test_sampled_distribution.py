@@ -6,9 +6,10 @@ colours in random order, so each next colour has high entropy and a LogitSpec tr
 holds several likely colours as siblings. A request's first token comes from
 prefill, the next ones through verified drafts: recursive rejection over tree
 siblings against the processed target distribution (verdicts.target_probs, the
-per-request RNG), or vLLM's rejection sampler for ECHO's chains. The
-cases: temperature 1.0, and temperature with top-k and top-p. Every other request
-carries a predicted output (Predicted Outputs), another random order of the colours.
+per-request RNG), or vLLM's rejection sampler for ECHO's chains. The cases:
+temperature 1.0, temperature with top-k and top-p, and with top-p alone. Every other
+request carries a predicted output (Predicted Outputs), another random order of the
+colours.
 
 The reference is what vLLM samples from without speculation: the processed logprobs
 (temperature, top-k, top-p applied) of a no-spec engine at every prefix that enough
@@ -39,7 +40,10 @@ pytestmark = pytest.mark.engine
 NUM_PER_KIND = 1000
 MAX_TOKENS = 3
 KINDS = {"temperature": dict(temperature=1.0),
-         "top_k_top_p": dict(temperature=0.9, top_k=10, top_p=0.95)}
+         "top_k_top_p": dict(temperature=0.9, top_k=10, top_p=0.95),
+         # top-p alone: the CPU nucleus from the largest logits (runner/nucleus.py) in
+         # vLLM's rejection sampler (ECHO's chains) and in the tree verdicts
+         "top_p": dict(temperature=0.9, top_p=0.8)}
 MIN_GROUP = 50     # prefixes reached by fewer requests are not tested
 MIN_EXPECTED = 5   # Pearson's rule: every bin expects at least this many
 ALPHA = 1e-3
@@ -54,8 +58,9 @@ SPECS = {  # name: speculative config, engine arguments, sampling kinds
                        {}, ("temperature",)),
     # ECHO under a flat step-cost curve up to a knee (tests/vllm/flat_cost_echo.py), so
     # that it drafts whatever this machine's step costs: batches of 16 leave it room
-    # below the knee; its chains (the CPU default) go to vLLM's rejection sampler
-    "echo": ({"method": "echo", "span": 1}, {"max_num_seqs": 16}, ("temperature",)),
+    # below the knee; its chains (the CPU default) go to vLLM's rejection sampler, and
+    # top-p at temperature 0.9 runs all of its steps (temperature, the nucleus)
+    "echo": ({"method": "echo", "span": 1}, {"max_num_seqs": 16}, ("top_p",)),
 }
 
 

@@ -31,6 +31,7 @@ import xxhash
 from vllm_echo.algos.tree import in_place_prefix
 from vllm_echo.algos.verify import verify_greedy, verify_sampling
 from vllm_echo.plugin.runner.greedy_shortcut import row_argmax
+from vllm_echo.plugin.runner.nucleus import top_p_from_candidates
 from vllm_echo.plugin.runner.tree_state import StepTrees, TreeContext, TreeRows
 
 # A request's outcome, ordered so that the minimum over ranks is the safe choice.
@@ -193,8 +194,8 @@ def target_probs(rows: torch.Tensor, sampling: Any, req_idx: int) -> np.ndarray:
     n = x.shape[0]
     k = None if sampling.top_k is None else sampling.top_k[req_idx].expand(n)
     p = None if sampling.top_p is None else sampling.top_p[req_idx].expand(n)
-    if k is not None or p is not None:
-        x = apply_top_k_top_p_pytorch(x, k, p)
+    if k is not None or p is not None:  # top-p without a sort where it can (nucleus.py)
+        x = top_p_from_candidates(apply_top_k_top_p_pytorch)(x, k, p)
     return torch.softmax(x, dim=-1).double().cpu().numpy()
 
 
