@@ -258,10 +258,12 @@ def merge_matrices(folders: list[Path]) -> list[dict]:
     an earlier one of the same workload, dtype, batch size, kind and sampling
     (matrix.cell_key: a sampled cell and the greedy one stay side by side; a cell without
     temperature is greedy); every cell carries the commit it ran at (read from its
-    offline.py results where matrix.json has none)."""
+    offline.py results where matrix.json has none). A path may also be a matrix.json
+    itself (the published one: new cells join the published cells)."""
     cells: dict[tuple, dict] = {}
     for folder in folders:
-        for cell in json.loads((folder / "matrix.json").read_text(encoding="utf-8")):
+        path = folder / "matrix.json" if folder.is_dir() else folder
+        for cell in json.loads(path.read_text(encoding="utf-8")):
             if not cell.get("commit"):
                 report = matrix.cell_folder(folder, cell["workload"], cell["dtype"],
                                             cell["batch_size"], cell.get("kind", "batch"),
@@ -317,8 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--publish", nargs="+", metavar="NAME PATH",
                    help=f"NAME: one of {', '.join(RESULT_FILES)}; PATH: the result file or "
                         "the folder the script wrote (example: several files, published "
-                        "as their medians; matrix: several folders, their cells merged, a "
-                        "later folder's cell replacing an earlier one's)")
+                        "as their medians; matrix: several folders, or the published "
+                        "matrix.json first, their cells merged, a later folder's cell "
+                        "replacing an earlier one's)")
     p.add_argument("--command", help="with --publish: the command that made the result")
     args = p.parse_args(argv)
     if args.publish:

@@ -68,6 +68,13 @@ def test_matrix_runs_merge_cell_by_cell(tmp_path: Path) -> None:
     assert [(c["workload"], c["batch_size"], c["commit"][0], c["targets"][0]["median"])
             for c in merged] == [("copy-edit", 1, "a", 1.1), ("spec-bench", 16, "b", 1.1),
                                  ("spec-bench", 8, "b", 1.2)]
+    # a published matrix.json (no folder of results behind it) takes new cells the same way
+    published = tmp_path / "published-matrix.json"
+    published.write_text(json.dumps(merged))
+    newer = run("newer", "c", [("copy-edit", 1, "batch", 1.3)])
+    assert [(c["workload"], c["batch_size"], c["commit"][0])
+            for c in render_tables.merge_matrices([published, newer])] == [
+        ("copy-edit", 1, "c"), ("spec-bench", 16, "b"), ("spec-bench", 8, "b")]
 
 
 def test_sampled_cells_publish_next_to_greedy_ones(tmp_path: Path, monkeypatch) -> None:
