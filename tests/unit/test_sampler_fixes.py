@@ -61,9 +61,11 @@ def test_patching_replaces_both_functions_once():
         raise AssertionError("replaced")
 
     module = _module(apply_top_k_top_p=apply_top_k_top_p,
-                     expand_batch_to_tokens=expand_batch_to_tokens)
+                     expand_batch_to_tokens=expand_batch_to_tokens,
+                     sample_recovered_tokens=_recovered_tokens)
     sampler_fixes.patch_rejection_sampler(module)
     assert module.expand_batch_to_tokens is sampler_fixes.expand_batch_to_tokens  # CPU here
+    assert module.sample_recovered_tokens.__wrapped__ is _recovered_tokens
     guarded = module.apply_top_k_top_p
     # the empty-row guard around the top-p from candidates (CPU here) around vLLM's
     assert guarded.__wrapped__.__wrapped__ is apply_top_k_top_p
@@ -83,17 +85,23 @@ def test_a_changed_vllm_keeps_its_functions_with_one_log_line(caplog, monkeypatc
                                out=None):  # a new parameter
         return x
 
+    def sample_recovered_tokens(max_spec_len, num_tokens, *args):  # renamed parameter
+        return None
+
     module = _module(apply_top_k_top_p=apply_top_k_top_p,
-                     expand_batch_to_tokens=expand_batch_to_tokens)
+                     expand_batch_to_tokens=expand_batch_to_tokens,
+                     sample_recovered_tokens=sample_recovered_tokens)
     with caplog.at_level("WARNING", logger="vllm.vllm_echo"):
         sampler_fixes.patch_rejection_sampler(module)
         sampler_fixes.patch_rejection_sampler(module)
         sampler_fixes.patch_rejection_sampler(_module())  # names gone
     assert module.apply_top_k_top_p is apply_top_k_top_p
     assert module.expand_batch_to_tokens is expand_batch_to_tokens
+    assert module.sample_recovered_tokens is sample_recovered_tokens
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 2, lines  # one per function, not one per call
-    assert "apply_top_k_top_p" in lines[0] and "expand_batch_to_tokens" in lines[1]
+    assert len(lines) == 3, lines  # one per function, not one per call
+    assert "apply_top_k_top_p" in lines[0] and "sample_recovered_tokens" in lines[1]
+    assert "expand_batch_to_tokens" in lines[2]
 
 
 def test_installed_before_vllm_imports_the_sampler():
@@ -113,6 +121,7 @@ assert len(hooks) == 1 and not any(m.startswith("vllm.") for m in sys.modules), 
 from vllm.v1.sample import rejection_sampler as rs
 assert rs.expand_batch_to_tokens is f.expand_batch_to_tokens
 assert getattr(rs.apply_top_k_top_p, f._MARK)
+assert getattr(rs.sample_recovered_tokens, f._MARK)
 assert not any(isinstance(x, f._PatchOnImport) for x in sys.meta_path)
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -168,3 +177,69 @@ def test_top_p_from_candidates_hands_other_calls_to_vllm():
     mixed = torch.stack([peaked[0], torch.zeros(1000)])  # the flat row falls back alone
     apply(mixed, None, torch.tensor([0.9, 0.9]))
     assert calls == [(1, True, False)]
+
+
+def _recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids,
+                      draft_probs, target_probs, sampling_metadata, device):
+    """vLLM 0.32's ``sample_recovered_tokens`` (rejection_sampler.py:678) without drafter
+    probabilities, its kernel in torch (vLLM's dispatches only inside an engine): noise
+    for every request, seeded rows redrawn from their generators, and at each draft
+    position the argmax of the target's probabilities, the draft's zeroed, over the noise."""
+    q = torch.empty((len(num_draft_tokens), target_probs.shape[-1]), device=device)
+    q.exponential_()
+    for i, generator in sampling_metadata.generators.items():
+        if num_draft_tokens[i] > 0:
+            q[i].exponential_(generator=generator)
+    inv_q = q.reciprocal()
+    out = torch.empty_like(draft_token_ids)
+    start = 0
+    for request, end in enumerate(cu_num_draft_tokens.tolist()):
+        for t in range(start, end):
+            probs = target_probs[t].clone()
+            probs[draft_token_ids[t]] = 0
+            out[t] = int((probs * inv_q[request]).argmax())
+        start = end
+    return out
+
+
+def test_noise_for_drafting_requests_recovers_the_same_tokens():
+    # Seeded requests 0-3, of which 1 and 3 have no drafts: the function on the whole
+    # batch and the wrapped one (called on requests 0 and 2 only) draw the same noise
+    # from each generator and recover the same token at every draft position.
+    import dataclasses
+
+    from vllm.v1.sample.rejection_sampler import sample_recovered_tokens
+
+    from vllm_echo.plugin.runner.access import signature_drift
+    from vllm_echo.plugin.runner.sampler_fixes import (RECOVERED_PARAMS,
+                                                       noise_for_drafting_requests)
+
+    assert signature_drift(sample_recovered_tokens, RECOVERED_PARAMS) is None  # vLLM 0.32's
+
+    @dataclasses.dataclass
+    class Metadata:  # the one field the function reads
+        generators: dict
+
+    def metadata(requests=4):
+        return Metadata({i: torch.Generator().manual_seed(100 + i) for i in range(requests)})
+
+    num_draft_tokens = [2, 0, 3, 0]
+    cu = torch.tensor([2, 2, 5, 5], dtype=torch.int32)
+    probs = torch.softmax(torch.randn(5, 1000, generator=torch.Generator().manual_seed(0)), -1)
+    drafts = torch.tensor([3, 9, 27, 81, 243], dtype=torch.int32)
+    calls = []
+
+    def recording(max_spec_len, num_draft_tokens, *args, **kwargs):
+        calls.append(list(num_draft_tokens))
+        return _recovered_tokens(max_spec_len, num_draft_tokens, *args, **kwargs)
+
+    cpu = torch.device("cpu")
+    expected = _recovered_tokens(3, num_draft_tokens, cu, drafts, None, probs, metadata(), cpu)
+    got = noise_for_drafting_requests(recording)(3, num_draft_tokens, cu, drafts, None, probs,
+                                                 metadata(), cpu)
+    assert calls == [[2, 3]]  # the noise was drawn for two requests, not four
+    assert torch.equal(got, expected)
+    # every request drafting: the call as it was
+    noise_for_drafting_requests(recording)(1, [1, 1], torch.tensor([1, 2]), drafts[:2], None,
+                                           probs[:2], metadata(2), cpu)
+    assert calls[-1] == [1, 1]

