@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The torch expansion that replaces vLLM's broken CPU expand kernel."""
+"""The rejection sampler fixes: the torch expansion that replaces vLLM's broken CPU expand
+kernel, the empty-row guard, the top-p from candidates and the noise for drafting requests."""
 
 import pytest
 import torch
