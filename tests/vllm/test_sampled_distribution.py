@@ -58,9 +58,9 @@ SPECS = {  # name: speculative config, engine arguments, sampling kinds
                        {}, ("temperature",)),
     # ECHO under a flat step-cost curve up to a knee (tests/vllm/flat_cost_echo.py), so
     # that it drafts whatever this machine's step costs: batches of 16 leave it room
-    # below the knee; its chains (the CPU default) go to vLLM's rejection sampler, and
-    # top-p at temperature 0.9 runs all of its steps (temperature, the nucleus)
-    "echo": ({"method": "echo", "span": 1}, {"max_num_seqs": 16}, ("top_p",)),
+    # below the knee; its chains (the CPU default) go to vLLM's rejection sampler, with
+    # and without top-p (the nucleus from candidates)
+    "echo": ({"method": "echo", "span": 1}, {"max_num_seqs": 16}, ("temperature", "top_p")),
 }
 
 
